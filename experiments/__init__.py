@@ -1,0 +1,1 @@
+"""Experiment files: each declares a DAG of steps and ends with `executor_main(...)`."""

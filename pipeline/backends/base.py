@@ -1,0 +1,59 @@
+"""The interface every backend implements, and the task it is handed.
+
+A backend only runs step functions somewhere. Leases, status events and commits stay in the
+executor, on the machine that runs it, so the commit protocol is the same for every backend.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.plan import Plan
+from pipeline.step import Resources
+
+__all__ = ["Backend", "StepTask"]
+
+
+@dataclass(frozen=True)
+class StepTask:
+    """One call of a step function, ready to run."""
+
+    label: str
+    name: str
+    fn: Callable[[Any], Any]
+    config: Any
+    """The resolved config (placeholders are paths, versioned values unwrapped)."""
+    resources: Resources
+    output_path: str
+    attempt: int = 1
+
+
+class Backend(abc.ABC):
+    """Runs step functions. Implementations: `local` (threads) and `ray`."""
+
+    name: str = "backend"
+
+    def validate(self, plan: Plan) -> None:  # noqa: B027 - optional hook
+        """Raise a `DrydockError` if a step to run can never be scheduled here."""
+
+    def default_concurrency(self) -> int:
+        """How many steps run at once when `--max_concurrent` is not given."""
+        return 8
+
+    @abc.abstractmethod
+    def run(self, task: StepTask) -> None:
+        """Run `task.fn(task.config)` and block until it ends.
+
+        Raises what the function raised, or `StepCancelled` after `cancel(task.label)`.
+        Called from several executor threads at once.
+        """
+
+    @abc.abstractmethod
+    def cancel(self, label: str) -> None:
+        """Stop the running task `label` as soon as possible; its `run` raises `StepCancelled`."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release whatever the backend started."""

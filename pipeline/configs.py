@@ -1,0 +1,184 @@
+"""Walking step configs: find placeholders and versioned values, and resolve them.
+
+A config is a dataclass instance (frozen or not) that may nest dataclasses, lists, tuples and
+dicts. Every location has a dotted path (`data.sources.0.path`, `weights.web`); identities,
+drift notes and error messages all speak in those paths. Pure functions, no I/O.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import enum
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.errors import StepDeclarationError
+from pipeline.step import OutputOf, ThisOutput, Versioned
+
+__all__ = ["ConfigRefs", "collect_refs", "resolve_config", "to_plain"]
+
+
+@dataclass(frozen=True)
+class ConfigRefs:
+    """What a config declares, by dotted path."""
+
+    versioned: dict[str, Any]
+    """Versioned values, unwrapped and converted to plain JSON-ready values."""
+    inputs: dict[str, OutputOf]
+    """`output_of` placeholders."""
+    own_outputs: dict[str, ThisOutput]
+    """`this_output` placeholders."""
+
+
+def _join(path: str, key: str | int) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def _children(value: Any) -> Iterator[tuple[str | int, Any]] | None:
+    """The (key, child) pairs of a container, or None for a leaf."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value))
+    if isinstance(value, list | tuple):
+        return iter(enumerate(value))
+    if isinstance(value, dict):
+        return iter(value.items())
+    return None
+
+
+def collect_refs(step_name: str, config: Any) -> ConfigRefs:
+    """Find every placeholder and versioned value in `config`.
+
+    Raises `StepDeclarationError` (naming the step and field) if the config is not a dataclass
+    instance or a versioned value cannot be written as canonical JSON.
+    """
+    if not dataclasses.is_dataclass(config) or isinstance(config, type):
+        raise StepDeclarationError(
+            step_name,
+            f"config must be a dataclass instance, got {type(config).__name__}; "
+            "wrap the step's parameters in a @dataclass(frozen=True)",
+            field="config",
+        )
+    refs = ConfigRefs({}, {}, {})
+    _collect(step_name, config, "", False, refs, set())
+    return refs
+
+
+def _collect(step: str, value: Any, path: str, in_versioned: bool, refs: ConfigRefs, seen: set[int]) -> None:
+    if isinstance(value, Versioned):
+        _collect(step, value.value, path, True, refs, seen)
+        if path not in refs.versioned:
+            refs.versioned[path] = to_plain(step, path, value.value, strict=True)
+        return
+    if isinstance(value, OutputOf):
+        refs.inputs[path] = value
+        return
+    if isinstance(value, ThisOutput):
+        refs.own_outputs[path] = value
+        return
+    children = _children(value)
+    if children is None:
+        return
+    # A config that contains itself would recurse forever; configs are trees.
+    if id(value) in seen:
+        raise StepDeclarationError(step, "config refers to itself (configs must be trees)", field=path)
+    seen.add(id(value))
+    for key, child in children:
+        if isinstance(value, dict) and not isinstance(key, str):
+            raise StepDeclarationError(
+                step, f"dict keys must be strings, got {key!r} ({type(key).__name__})", field=path
+            )
+        _collect(step, child, _join(path, key), in_versioned, refs, seen)
+    seen.discard(id(value))
+
+
+def to_plain(step: str, path: str, value: Any, *, strict: bool) -> Any:
+    """Convert a config value to plain JSON-ready data.
+
+    Dataclasses become dicts with a `__class__` key (so two config classes with the same fields
+    differ), tuples become lists, enums their value, floats are canonical (integral floats
+    become ints, so `versioned(3)` and `versioned(3.0)` are one identity; NaN/inf are strings).
+    Placeholders become `{"__output_of__": ...}` markers. With `strict`, anything else is an
+    error naming the field; without it (recording a full config), it becomes its `repr`.
+    """
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return repr(value)
+        return int(value) if value.is_integer() and abs(value) < 2**53 else value
+    if isinstance(value, enum.Enum):
+        return to_plain(step, path, value.value, strict=strict)
+    if isinstance(value, Versioned):
+        return to_plain(step, path, value.value, strict=strict)
+    if isinstance(value, OutputOf):
+        upstream = value.step if isinstance(value.step, str) else value.step.name
+        return {"__output_of__": upstream, "sub": value.sub}
+    if isinstance(value, ThisOutput):
+        return {"__this_output__": value.sub}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, Any] = {"__class__": type(value).__qualname__}
+        for f in dataclasses.fields(value):
+            out[f.name] = to_plain(step, _join(path, f.name), getattr(value, f.name), strict=strict)
+        return out
+    if isinstance(value, list | tuple):
+        return [to_plain(step, _join(path, i), v, strict=strict) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        result = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                if strict:
+                    raise StepDeclarationError(step, f"dict keys must be strings, got {k!r}", field=path)
+                k = repr(k)
+            result[k] = to_plain(step, _join(path, k), v, strict=strict)
+        return result
+    if strict:
+        raise StepDeclarationError(
+            step,
+            f"versioned value of type {type(value).__name__} cannot be part of an identity; "
+            "use None, bool, int, float, str, or lists, dicts and dataclasses of those",
+            field=path or "<config>",
+        )
+    return repr(value)
+
+
+def resolve_config(config: Any, resolve: Callable[[OutputOf | ThisOutput], str]) -> Any:
+    """A copy of `config` with placeholders replaced by `resolve(...)` and versioned values unwrapped.
+
+    Dataclasses are shallow-copied and their fields set directly, so frozen dataclasses and
+    fields with `init=False` survive. Containers are rebuilt with their own type.
+    """
+    if isinstance(config, Versioned):
+        return resolve_config(config.value, resolve)
+    if isinstance(config, OutputOf | ThisOutput):
+        return resolve(config)
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        changed = {}
+        for f in dataclasses.fields(config):
+            old = getattr(config, f.name)
+            new = resolve_config(old, resolve)
+            if new is not old:
+                changed[f.name] = new
+        if not changed:
+            return config
+        clone = copy.copy(config)
+        for name, new in changed.items():
+            object.__setattr__(clone, name, new)
+        return clone
+    if isinstance(config, list | tuple):
+        items = [resolve_config(v, resolve) for v in config]
+        if all(a is b for a, b in zip(items, config, strict=True)):
+            return config
+        if isinstance(config, tuple) and hasattr(config, "_fields"):  # namedtuple
+            return type(config)(*items)
+        return type(config)(items)
+    if isinstance(config, dict):
+        resolved = {k: resolve_config(v, resolve) for k, v in config.items()}
+        if all(resolved[k] is config[k] for k in config):
+            return config
+        out = copy.copy(config)
+        out.update(resolved)
+        return out
+    return config

@@ -1,0 +1,42 @@
+"""Errors a user can cause, each one clear sentence naming the step and field.
+
+The CLI turns any `DrydockError` into that sentence on stderr and exit code 2, without a
+traceback: these are mistakes in an experiment or its options, not bugs in Drydock.
+"""
+
+from __future__ import annotations
+
+
+class DrydockError(Exception):
+    """Base class for errors caused by the experiment, its options, or its storage."""
+
+
+class StepDeclarationError(DrydockError):
+    """A step, its name, its config or its function is malformed."""
+
+    def __init__(self, step: str | None, message: str, field: str | None = None) -> None:
+        self.step = step
+        self.field = field
+        where = f"step {step!r}" if step else "experiment"
+        if field:
+            where += f", field `{field}`"
+        super().__init__(f"{where}: {message}")
+
+
+class GraphError(DrydockError):
+    """The DAG is malformed: a cycle, a duplicate name, a dangling reference."""
+
+
+class StorageError(DrydockError):
+    """The prefix cannot be read or written, or its metadata is corrupt."""
+
+
+class LeaseLostError(Exception):
+    """This runner no longer holds a step's lease; its result must not be committed."""
+
+
+class StepCancelled(BaseException):
+    """Raised inside a running step function to stop it (lease lost or the run interrupted).
+
+    A BaseException so that a step's own `except Exception` does not swallow it.
+    """

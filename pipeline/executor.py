@@ -1,0 +1,339 @@
+"""Execute a plan: dispatch ready steps to a backend as their dependencies finish.
+
+The loop is event-driven: each step attempt runs in a worker thread that takes the step's
+lease, writes `.step.json`, runs the function through the backend, checks it produced output
+and commits SUCCESS; it then reports one event to the loop's queue. The loop alone updates
+the `RunState` and dispatches newly ready steps, so a step's dependents start as soon as its
+event arrives. Only steps held by another runner are polled, at `wait_poll_interval`.
+
+A failure blocks its dependents and lets independent branches finish. A lost lease stops the
+step without committing it, and the step is then awaited like any step held elsewhere.
+Ctrl-C cancels running steps, records CANCELLED, releases their leases and returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.backends.base import Backend, StepTask
+from pipeline.errors import StepCancelled
+from pipeline.heartbeat import Heartbeat
+from pipeline.lease import Owner, is_stale
+from pipeline.metadata import resolved_config, step_info
+from pipeline.plan import Plan, State
+from pipeline.run_state import RunState
+from pipeline.storage import CANCELLED, FAILED, AlreadyDone, Held, StepStore
+
+__all__ = ["ExecutionOptions", "RunReport", "StepOutcome", "execute"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ExecutionOptions:
+    """How to execute a plan."""
+
+    max_concurrent: int = 8
+    lease_timeout: float = 90.0
+    heartbeat_interval: float = 30.0
+    wait_poll_interval: float = 2.0
+    """How often steps held by another runner are checked."""
+    cancel_grace: float = 10.0
+    """After Ctrl-C, how long to wait for running steps to record CANCELLED."""
+    run_info: Mapping[str, Any] = field(default_factory=dict)
+    """Extra fields for every `.step.json` (experiment, git, versions)."""
+
+
+@dataclass
+class StepOutcome:
+    """What happened to one step in this run."""
+
+    state: State
+    started: float | None = None
+    ended: float | None = None
+    attempts: int = 0
+    error: str | None = None
+    traceback: str | None = None
+    blocked_by: str | None = None
+
+    @property
+    def duration(self) -> float | None:
+        if self.started is None or self.ended is None:
+            return None
+        return self.ended - self.started
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """The outcome of executing a plan."""
+
+    plan: Plan
+    outcomes: Mapping[str, StepOutcome]
+    interrupted: bool = False
+
+    def labels(self, *states: State) -> list[str]:
+        return [label for label, o in self.outcomes.items() if o.state in states]
+
+    @property
+    def ok(self) -> bool:
+        return not self.interrupted and not self.labels(State.FAILED, State.BLOCKED, State.CANCELLED)
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted:
+            return 130
+        return 0 if self.ok else 1
+
+
+# Events reported by attempts to the loop.
+@dataclass(frozen=True)
+class _Event:
+    label: str
+    kind: str  # succeeded | failed | held | done_elsewhere | lost | cancelled
+    detail: str = ""
+    traceback: str | None = None
+    started: float | None = None
+    ended: float | None = None
+
+
+class Reporter:
+    """Prints one line per state change. The CLI passes a rich console; tests a list."""
+
+    def __init__(self, emit: Callable[[str], None] | None = None) -> None:
+        self._emit = emit or (lambda line: logger.info("%s", line))
+
+    def __call__(self, label: str, what: str, detail: str = "") -> None:
+        self._emit(f"{what:<10} {label}" + (f"  {detail}" if detail else ""))
+
+
+def execute(
+    plan: Plan,
+    store: StepStore,
+    backend: Backend,
+    owner: Owner,
+    options: ExecutionOptions,
+    report: Reporter | None = None,
+    clock: Callable[[], float] = time.time,
+) -> RunReport:
+    """Run every RUN step of `plan` (and wait for WAIT steps) until the plan is finished."""
+    return _Execution(plan, store, backend, owner, options, report or Reporter(), clock).run()
+
+
+class _Execution:
+    def __init__(
+        self,
+        plan: Plan,
+        store: StepStore,
+        backend: Backend,
+        owner: Owner,
+        options: ExecutionOptions,
+        report: Reporter,
+        clock: Callable[[], float],
+    ) -> None:
+        self.plan = plan
+        self.dag = plan.dag
+        self.store = store
+        self.backend = backend
+        self.owner = owner
+        self.options = options
+        self.report = report
+        self.clock = clock
+        self.state = RunState(plan)
+        self.events: queue.Queue[_Event] = queue.Queue()
+        self.outcomes: dict[str, StepOutcome] = {
+            label: StepOutcome(state=sp.state) for label, sp in plan.steps.items()
+        }
+        self.lost: set[str] = set()
+        # With --force, RUNNING may follow the SUCCESS seen at plan time, but not a newer one.
+        self.rerun_after = {
+            label: len(sp.record.events)
+            for label, sp in plan.steps.items()
+            if sp.state == State.RUN and sp.record is not None and sp.record.succeeded
+        }
+        self.heartbeat = Heartbeat(
+            store, owner, options.lease_timeout, options.heartbeat_interval, self._on_lost, clock
+        )
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def run(self) -> RunReport:
+        for label in sorted(self.state.waiting):
+            self.report(label, "WAIT", self.plan.steps[label].reason)
+        limit = max(1, self.options.max_concurrent)
+        pool = ThreadPoolExecutor(limit, thread_name_prefix="drydock-attempt")
+        self.heartbeat.start()
+        interrupted = False
+        try:
+            while not self.state.finished:
+                for label in self.state.take_ready(limit - len(self.state.in_flight)):
+                    self.outcomes[label].attempts += 1
+                    pool.submit(self._attempt, label, self.outcomes[label].attempts)
+                timeout = self.options.wait_poll_interval if self.state.waiting else None
+                try:
+                    event = self.events.get(timeout=timeout)
+                except queue.Empty:
+                    self._check_waiting()
+                    continue
+                self._handle(event)
+        except KeyboardInterrupt:
+            interrupted = True
+            self._cancel_everything()
+        finally:
+            self.heartbeat.stop()
+            pool.shutdown(wait=not interrupted)
+        for label in self.state.cancelled:
+            self.outcomes[label].state = State.CANCELLED
+        for label, blocker in self.state.blocked.items():
+            self.outcomes[label].state = State.BLOCKED
+            self.outcomes[label].blocked_by = blocker
+        return RunReport(self.plan, self.outcomes, interrupted)
+
+    def _handle(self, event: _Event) -> None:
+        label, outcome = event.label, self.outcomes[event.label]
+        if event.started is not None:
+            outcome.started = event.started
+        if event.ended is not None:
+            outcome.ended = event.ended
+        if event.kind == "succeeded":
+            outcome.state = State.SUCCEEDED
+            self.report(label, "SUCCEEDED", _seconds(outcome.duration))
+            self.state.mark_succeeded(label)
+        elif event.kind == "done_elsewhere":
+            outcome.state = State.SUCCEEDED
+            self.report(label, "SUCCEEDED", "by another runner")
+            self.state.mark_succeeded(label)
+        elif event.kind == "failed":
+            outcome.state = State.FAILED
+            outcome.error, outcome.traceback = event.detail, event.traceback
+            self.report(label, "FAILED", event.detail)
+            for blocked in self.state.mark_failed(label):
+                self.report(blocked, "BLOCKED", f"by {self.dag.nodes[label].name}")
+        elif event.kind in ("held", "lost"):
+            outcome.state = State.WAIT
+            self.report(label, "WAIT", event.detail)
+            self.state.mark_waiting(label)
+        elif event.kind == "cancelled":
+            outcome.state = State.CANCELLED
+            self.report(label, "CANCELLED", event.detail)
+            self.state.mark_cancelled(label)
+
+    def _check_waiting(self) -> None:
+        """Poll the steps another runner holds: finished, or free to take over?"""
+        for label in sorted(self.state.waiting):
+            step_dir = self.dag.nodes[label].output_path
+            try:
+                record = self.store.record(step_dir, with_metadata=False)
+            except Exception as e:
+                logger.warning("cannot read the status of %s: %s", label, e)
+                continue
+            if record.succeeded:
+                self._handle(_Event(label, "done_elsewhere"))
+            elif is_stale(record.lease, self.clock(), self.owner.host):
+                self.report(label, "TAKEOVER", "its runner stopped; running it here")
+                self.lost.discard(label)
+                self.state.mark_retry(label)
+
+    def _cancel_everything(self) -> None:
+        self.state.cancel_all()
+        running = sorted(self.state.in_flight)
+        for label in running:
+            self.backend.cancel(label)
+        deadline = time.monotonic() + self.options.cancel_grace
+        try:
+            while self.state.in_flight and time.monotonic() < deadline:
+                try:
+                    event = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                self._handle(event)
+        except KeyboardInterrupt:
+            pass  # a second Ctrl-C: stop waiting, just release what we hold
+        for step_dir, (label, token) in self.heartbeat.held().items():
+            try:
+                self.store.append(step_dir, self.owner, token, CANCELLED, "interrupted")
+                self.store.release(step_dir, self.owner, token)
+            except Exception as e:
+                logger.warning("could not release the lease of %s: %s", label, e)
+        for label in list(self.state.in_flight):
+            self.state.mark_cancelled(label)
+
+    def _on_lost(self, label: str) -> None:
+        self.lost.add(label)
+        self.backend.cancel(label)
+
+    # -- one attempt, in a worker thread ---------------------------------------------------------
+
+    def _attempt(self, label: str, attempt: int) -> None:
+        try:
+            self.events.put(self._try(label, attempt))
+        except BaseException as e:  # never leave the loop waiting for an event that won't come
+            self.events.put(
+                _Event(label, "failed", f"internal error: {type(e).__name__}: {e}", traceback.format_exc())
+            )
+
+    def _try(self, label: str, attempt: int) -> _Event:
+        node = self.dag.nodes[label]
+        step_dir = node.output_path
+        taken = self.store.acquire(
+            step_dir,
+            self.owner,
+            self.options.lease_timeout,
+            rerun_after=self.rerun_after.get(label),
+            attempt=attempt,
+        )
+        if isinstance(taken, AlreadyDone):
+            return _Event(label, "done_elsewhere")
+        if isinstance(taken, Held):
+            return _Event(label, "held", f"held by {taken.lease.describe()}")
+        token = taken.token
+        self.heartbeat.add(step_dir, label, token)
+        started = self.clock()
+        try:
+            config = resolved_config(self.dag, label)
+            info = step_info(self.dag, label, config)
+            info.update(self.options.run_info)
+            info.update(run_id=self.owner.run_id, attempt=attempt, token=token, started=started)
+            self.store.write_step_json(step_dir, info)
+            self.report(label, "RUNNING", f"attempt {attempt}" if attempt > 1 else "")
+            self.backend.run(
+                StepTask(label, node.name, node.step.fn, config, node.step.resources, step_dir, attempt)
+            )
+            if label in self.lost:
+                raise StepCancelled(label)
+            if not self.store.has_payload(step_dir):
+                raise RuntimeError(
+                    f"step function {info['fn']['import_path']} returned without writing anything "
+                    f"under its output directory {step_dir}"
+                )
+            ended = self.clock()
+            committed = self.store.commit(step_dir, self.owner, token, data={"duration": ended - started})
+            if not committed:
+                return _Event(label, "lost", "lease lost before commit; result discarded", started=started)
+            return _Event(label, "succeeded", started=started, ended=ended)
+        except StepCancelled:
+            if label in self.lost:
+                return _Event(label, "lost", "lease lost; step stopped, result discarded", started=started)
+            self.store.append(step_dir, self.owner, token, CANCELLED, "interrupted")
+            self.store.release(step_dir, self.owner, token)
+            return _Event(label, "cancelled", "interrupted", started=started, ended=self.clock())
+        except Exception as e:
+            tb = traceback.format_exc()
+            message = f"{type(e).__name__}: {e}"
+            if label in self.lost:
+                return _Event(label, "lost", "lease lost; step stopped, result discarded", started=started)
+            self.store.append(step_dir, self.owner, token, FAILED, message, data={"traceback": tb})
+            self.store.release(step_dir, self.owner, token)
+            return _Event(label, "failed", message, tb, started=started, ended=self.clock())
+        finally:
+            self.heartbeat.remove(step_dir)
+
+
+def _seconds(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}s"

@@ -1,0 +1,127 @@
+"""Lease records and the pure rules that decide whether a lease is still held.
+
+A lease says which runner owns a step right now. It carries a fencing token that grows by one
+with every acquisition; status events carry the token of the runner that wrote them, so a
+runner that lost its lease can be told apart from the current one. Time and process liveness
+are passed in (a clock and a `pid_alive` function), so these rules are tested without sleeping.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["LeaseRecord", "Owner", "host_id", "is_stale", "pid_alive", "process_start_time"]
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()[:8]
+    except OSError:
+        return "noboot"
+
+
+def host_id() -> str:
+    """This machine: hostname plus boot id, so a rebooted host does not trust its old pids."""
+    return f"{socket.gethostname()}/{_boot_id()}"
+
+
+def process_start_time(pid: int) -> str | None:
+    """The kernel's start time of `pid` (clock ticks since boot), to tell reused pids apart."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces and parentheses; fields resume after the last ')'.
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def pid_alive(pid: int, start_time: str | None) -> bool:
+    """Whether the process `pid` that started at `start_time` still exists on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    if start_time is None:
+        return True
+    current = process_start_time(pid)
+    return current is None or current == start_time
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The runner that takes leases: one per executor process and run."""
+
+    run_id: str
+    host: str
+    pid: int
+    pid_start: str | None
+
+    @staticmethod
+    def current() -> Owner:
+        """An owner for this process, with a fresh run id."""
+        pid = os.getpid()
+        return Owner(uuid.uuid4().hex[:12], host_id(), pid, process_start_time(pid))
+
+    def describe(self) -> str:
+        return f"run {self.run_id} (pid {self.pid} on {self.host.split('/')[0]})"
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """The content of a step's `.lease` file."""
+
+    token: int
+    run_id: str
+    host: str
+    pid: int
+    pid_start: str | None
+    expires: float
+    """Wall-clock time (seconds since the epoch) after which the lease is stale."""
+    released: bool = False
+
+    @staticmethod
+    def parse(data: bytes | None) -> LeaseRecord | None:
+        """The record in `data`, or None for an absent, empty or partially written file."""
+        if not data:
+            return None
+        try:
+            raw: dict[str, Any] = json.loads(data)
+            return LeaseRecord(**raw)
+        except (ValueError, TypeError):
+            return None
+
+    def dump(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    def held_by(self, owner: Owner, token: int) -> bool:
+        """Whether this record is `owner`'s live lease with fencing token `token`."""
+        return not self.released and self.token == token and self.run_id == owner.run_id
+
+    def describe(self) -> str:
+        return f"run {self.run_id} (pid {self.pid} on {self.host.split('/')[0]})"
+
+
+def is_stale(
+    lease: LeaseRecord | None,
+    now: float,
+    local_host: str,
+    alive: Callable[[int, str | None], bool] = pid_alive,
+) -> bool:
+    """Whether a new runner may take this lease over.
+
+    Stale when absent, released, expired, or owned by a process on this very host that no longer
+    exists: a run killed on this machine never makes the next run wait for its timeout.
+    """
+    if lease is None or lease.released or now >= lease.expires:
+        return True
+    return lease.host == local_host and not alive(lease.pid, lease.pid_start)

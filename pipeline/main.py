@@ -1,0 +1,307 @@
+"""`executor_main`: the entry point an experiment file calls, and its options.
+
+    if __name__ == "__main__":
+        executor_main([train, evaluate], description="...")
+
+parses the options below from the command line with draccus (`--prefix`, `--dry_run`, ...),
+plans the DAG against the prefix, and runs what is not done. `run_experiment` is the same
+without the command line and without exiting, for tests and other tools.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.backends.base import Backend
+from pipeline.dag import Dag, build_dag
+from pipeline.errors import DrydockError, StepDeclarationError
+from pipeline.executor import ExecutionOptions, Reporter, RunReport, execute
+from pipeline.lease import Owner, is_stale
+from pipeline.manifest import build_manifest, experiment_name, manifest_path
+from pipeline.metadata import environment_info, step_info
+from pipeline.plan import Plan, State, make_plan
+from pipeline.step import Step
+from pipeline.storage import StepStore, normalize_prefix, open_storage
+
+__all__ = ["ExecutorMainConfig", "executor_main", "run_experiment", "step_status"]
+
+logger = logging.getLogger("drydock")
+
+DEFAULT_PREFIX = "./drydock-runs"
+BACKENDS = ("local",)
+
+
+@dataclass(frozen=True)
+class ExecutorMainConfig:
+    """Options of `executor_main` and of `drydock run|plan|status`."""
+
+    prefix: str | None = None
+    """Storage prefix for step outputs (local path, memory://, gs://, s3://...).
+    Default: $DRYDOCK_PREFIX, else ./drydock-runs."""
+    backend: str = "local"
+    """Where step functions run: local (threads of this process)."""
+    dry_run: bool = False
+    """Print the plan and exit without running anything."""
+    json: bool = False
+    """Print the plan (or the run's outcome) as JSON on stdout; logs go to stderr."""
+    only: str | None = None
+    """Regex on step names: run only matching steps and what they need."""
+    force: str | None = None
+    """Regex on step names: rerun matching steps even if they are cached."""
+    max_concurrent: int | None = None
+    """Most steps running at once (default: the backend's choice)."""
+    lease_timeout: float = 90.0
+    """Seconds without a heartbeat after which another runner may take a step over."""
+    heartbeat_interval: float = 30.0
+    """Seconds between lease renewals."""
+    wait_poll_interval: float = 2.0
+    """Seconds between checks of steps that another runner is running."""
+    experiment: str | None = None
+    """Experiment name for the manifest (default: the experiment file's name)."""
+    log_level: str = "INFO"
+
+
+def _resolve_prefix(prefix: str | None) -> str:
+    return normalize_prefix(prefix or os.environ.get("DRYDOCK_PREFIX") or DEFAULT_PREFIX)
+
+
+def _validate_options(config: ExecutorMainConfig) -> None:
+    if config.backend not in BACKENDS:
+        raise StepDeclarationError(
+            None,
+            f"unknown backend {config.backend!r}; choose one of {', '.join(BACKENDS)}",
+            field="--backend",
+        )
+    if config.max_concurrent is not None and config.max_concurrent < 1:
+        raise StepDeclarationError(None, "must be at least 1", field="--max_concurrent")
+    if config.lease_timeout <= 0 or config.heartbeat_interval <= 0:
+        raise StepDeclarationError(None, "must be positive", field="--lease_timeout/--heartbeat_interval")
+    if config.heartbeat_interval >= config.lease_timeout:
+        raise StepDeclarationError(
+            None,
+            f"heartbeat interval {config.heartbeat_interval}s must be shorter than the lease timeout "
+            f"{config.lease_timeout}s, or leases expire between heartbeats",
+            field="--heartbeat_interval",
+        )
+
+
+def _make_backend(name: str) -> Backend:
+    # Imported here: a backend may import heavy libraries (Ray) that planning must not load.
+    from pipeline.backends.local import LocalBackend
+
+    return LocalBackend()
+
+
+def prepare(steps: Sequence[Step], config: ExecutorMainConfig) -> tuple[Dag, StepStore, Plan]:
+    """Build the DAG, read the prefix, and plan. Reads storage, writes nothing."""
+    _validate_options(config)
+    prefix = _resolve_prefix(config.prefix)
+    dag = build_dag(list(steps), prefix)
+    store = StepStore(open_storage(prefix))
+    snapshot = store.records(node.output_path for node in dag.nodes.values())
+    plan = make_plan(
+        dag,
+        snapshot,
+        now=time.time(),
+        local_host=Owner.current().host,
+        only=config.only,
+        force=config.force,
+        current_info=lambda label: step_info(dag, label),
+    )
+    return dag, store, plan
+
+
+def run_experiment(
+    steps: Sequence[Step],
+    config: ExecutorMainConfig = ExecutorMainConfig(),
+    *,
+    description: str = "",
+    source_file: str | None = None,
+) -> Plan | RunReport:
+    """Plan `steps` and, unless `dry_run`, run them. Returns the plan (dry run) or the report.
+
+    Raises `DrydockError` for a malformed experiment, options or prefix, before anything is written.
+    """
+    dag, store, plan = prepare(steps, config)
+    if config.dry_run:
+        return plan
+    store.storage.check_writable(dag.prefix)
+    backend = _make_backend(config.backend)
+    backend.validate(plan)
+    owner = Owner.current()
+    name = experiment_name(config.experiment, source_file)
+    env = environment_info(source_file)
+    started = time.time()
+    path = manifest_path(dag, name)
+    store.storage.write(path, build_manifest(plan, name, description, owner.run_id, env, started=started))
+    options = ExecutionOptions(
+        max_concurrent=config.max_concurrent or backend.default_concurrency(),
+        lease_timeout=config.lease_timeout,
+        heartbeat_interval=config.heartbeat_interval,
+        wait_poll_interval=config.wait_poll_interval,
+        run_info={"experiment": name, "manifest": path, **env},
+    )
+    try:
+        report = execute(plan, store, backend, owner, options, Reporter(_stderr_line))
+    finally:
+        backend.close()
+    store.storage.write(path, build_manifest(plan, name, description, owner.run_id, env, report, started))
+    logger.info("manifest: %s", path)
+    return report
+
+
+def step_status(
+    steps: Sequence[Step], config: ExecutorMainConfig
+) -> tuple[Plan, dict[str, Any], dict[str, bool]]:
+    """Plan plus raw records and lease liveness of every step, for `drydock status`."""
+    dag, _store, plan = prepare(steps, config)
+    records = {label: sp.record for label, sp in plan.steps.items()}
+    host = Owner.current().host
+    now = time.time()
+    live = {
+        label: bool(r is not None and r.state == "RUNNING" and not is_stale(r.lease, now, host))
+        for label, r in records.items()
+    }
+    return plan, {dag.nodes[label].output_path: r for label, r in records.items()}, live
+
+
+def _stderr_line(line: str) -> None:
+    print(time.strftime("%H:%M:%S ") + line, file=sys.stderr, flush=True)
+
+
+# -- the command line ---------------------------------------------------------------------------
+
+_BOOL_FLAGS = ("--dry_run", "--json")
+
+
+def normalize_argv(argv: Sequence[str]) -> list[str]:
+    """Let boolean flags stand alone (`--dry_run`), as draccus wants `--dry_run true`."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        out.append(arg)
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        if arg in _BOOL_FLAGS and (nxt is None or nxt.startswith("--")):
+            out.append("true")
+    return out
+
+
+def parse_options(argv: Sequence[str]) -> ExecutorMainConfig:
+    """Parse executor options; an unknown or malformed flag is a `StepDeclarationError`."""
+    import draccus
+
+    try:
+        return draccus.parse(ExecutorMainConfig, args=normalize_argv(argv), exit_on_error=False)
+    except Exception as e:  # draccus raises its own exception types for parse errors
+        raise StepDeclarationError(None, f"bad command-line option: {e}", field="argv") from e
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Any:
+    """Treat SIGTERM (cluster schedulers, `kill`) like Ctrl-C: cancel and release cleanly."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+# Set by `drydock status FILE` so that the file's own executor_main call reports status instead.
+_COMMAND_OVERRIDE: dict[str, str] = {}
+
+
+def executor_main(
+    steps: Sequence[Step],
+    description: str = "",
+    *,
+    argv: Sequence[str] | None = None,
+) -> None:
+    """Plan and run `steps` with options from the command line, then exit with the run's status.
+
+    Exit codes: 0 all done, 1 a step failed (or was blocked), 2 a malformed experiment or
+    option (one sentence on stderr, nothing written), 130 interrupted.
+    """
+    _COMMAND_OVERRIDE["called"] = "yes"
+    args = list(sys.argv[1:] if argv is None else argv)
+    main_module = sys.modules.get("__main__")
+    source_file = getattr(main_module, "__file__", None)
+    try:
+        config = parse_options(args)
+        logging.basicConfig(
+            level=config.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
+        )
+        if _COMMAND_OVERRIDE.get("command") == "status":
+            code = _print_status(steps, config)
+        else:
+            with _sigterm_as_interrupt():
+                code = _run_and_print(steps, config, description, source_file)
+    except DrydockError as e:
+        print(f"error: {e}", file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        code = 130
+    sys.exit(code)
+
+
+def _run_and_print(
+    steps: Sequence[Step], config: ExecutorMainConfig, description: str, source_file: str | None
+) -> int:
+    from pipeline.render import plan_table, print_table, run_summary
+
+    result = run_experiment(steps, config, description=description, source_file=source_file)
+    if isinstance(result, Plan):
+        if config.json:
+            print(json.dumps(result.to_json(dry_run=True), indent=2))
+        else:
+            print_table(plan_table(result))
+        return 0
+    if config.json:
+        out = result.plan.to_json(dry_run=False, exit_code=result.exit_code)
+        for entry in out["steps"]:
+            outcome = result.outcomes[entry["label"]]
+            entry.update(state=outcome.state.value, duration=outcome.duration, error=outcome.error)
+        print(json.dumps(out, indent=2))
+    else:
+        print_table(run_summary(result), stderr=True)
+    failed = [
+        result.plan.dag.nodes[label].name
+        for label in result.labels(State.FAILED, State.BLOCKED, State.CANCELLED)
+    ]
+    if failed:
+        print(f"error: {len(failed)} step(s) did not finish: {', '.join(failed)}", file=sys.stderr)
+    return result.exit_code
+
+
+def _print_status(steps: Sequence[Step], config: ExecutorMainConfig) -> int:
+    from pipeline.render import print_table, status_table
+
+    plan, records, live = step_status(steps, config)
+    if config.json:
+        out = plan.to_json()
+        for entry in out["steps"]:
+            record = records[entry["output_path"]]
+            last = record.last if record is not None else None
+            entry["status"] = last.event if last else None
+            entry["status_time"] = last.time if last else None
+            entry["live"] = live[entry["label"]]
+        print(json.dumps(out, indent=2))
+    else:
+        print_table(status_table(plan, records, live))
+    return 0

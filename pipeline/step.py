@@ -1,0 +1,146 @@
+"""Step declarations: `Step`, its placeholders and its `Resources`.
+
+This module is what an experiment file touches, and it depends on nothing else in `pipeline`:
+declaring a DAG must never pull in storage, planning or a backend. Everything here is an
+immutable value; identity, validation and resolution live in `identity.py`, `graph.py` and
+`configs.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+__all__ = [
+    "OutputOf",
+    "Resources",
+    "Step",
+    "ThisOutput",
+    "Versioned",
+    "output_of",
+    "this_output",
+    "versioned",
+]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Versioned(Generic[T]):
+    """A config value that is part of its step's identity (see `versioned`)."""
+
+    value: T
+
+
+def versioned(value: T) -> T:
+    """Mark `value` as part of the step's identity.
+
+    Changing a versioned value gives the step a new identity (a new output directory), so it
+    and everything downstream reruns. Unmarked config values are recorded but do not rerun.
+    The declared type stays `T` so configs keep their annotations; the executor unwraps it
+    before the step function sees the config.
+    """
+    return Versioned(value)  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class OutputOf:
+    """Placeholder for the output path of an upstream step (see `output_of`)."""
+
+    step: Step | str
+    """The upstream `Step`, or the name of a step declared elsewhere in the same DAG."""
+    sub: str | None = None
+    """A path inside the upstream output directory."""
+    blocking: bool = True
+    """Whether this step waits for the upstream step. Identity is added either way."""
+
+    def __truediv__(self, sub: str) -> OutputOf:
+        joined = f"{self.sub.rstrip('/')}/{sub}" if self.sub else sub
+        return OutputOf(self.step, joined, self.blocking)
+
+
+def output_of(step: Step | str, sub: str | None = None, blocking: bool = True) -> Any:
+    """The output path of `step` (or of `sub` inside it), resolved at run time.
+
+    Adds a DAG edge and makes the upstream identity part of this step's identity.
+    `blocking=False` keeps the identity but does not wait for the upstream step, e.g. to
+    evaluate checkpoints of a training run that is still going.
+    """
+    return OutputOf(step, sub, blocking)
+
+
+@dataclass(frozen=True)
+class ThisOutput:
+    """Placeholder for the declaring step's own output directory (see `this_output`)."""
+
+    sub: str | None = None
+
+
+def this_output(sub: str | None = None) -> Any:
+    """This step's own output directory (or `sub` inside it), resolved at run time."""
+    return ThisOutput(sub)
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What a step needs to run. Resources never enter identity.
+
+    `tpu="v5p-64"` asks for one TPU pod slice of that type; `slices=N` for multislice.
+    """
+
+    cpus: float = 1
+    """CPU cores."""
+    memory: str | None = None
+    """Memory, e.g. "16GiB"; None means no reservation."""
+    gpus: float = 0
+    """GPUs (whole or fractional)."""
+    tpu: str | None = None
+    """A TPU pod slice type such as "v5p-64"."""
+    slices: int = 1
+    """Number of TPU slices (multislice) when `tpu` is set."""
+    custom: Mapping[str, float] = field(default_factory=dict)
+    """Extra scheduler resources by name (Ray custom resources)."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Environment variables for the step's process."""
+    pip: tuple[str, ...] = ()
+    """Extra pip requirements for the step's environment (Ray runtime_env)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready description, for plans and manifests."""
+        out = dataclasses.asdict(self)
+        out["custom"] = dict(self.custom)
+        out["env"] = dict(self.env)
+        out["pip"] = list(self.pip)
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class Step:
+    """One node of an experiment's DAG: a function and the config it is called with.
+
+    `fn(config)` runs with a copy of `config` in which every placeholder (`output_of`,
+    `this_output`) is a path string and every `versioned` value is unwrapped. Two `Step`
+    objects with the same identity are the same step; the executor de-duplicates them.
+    Steps compare by object (eq=False): equality of steps is equality of identities,
+    which `pipeline.identity` computes.
+    """
+
+    name: str
+    """A slash path such as "tokenized/fineweb"; the output directory is `<prefix>/<name>-<hash>`."""
+    fn: Callable[[Any], Any]
+    """The step function; it must be importable (a module-level function)."""
+    config: Any
+    """A dataclass instance; may hold placeholders and versioned values anywhere."""
+    description: str = ""
+    resources: Resources = field(default_factory=Resources)
+    version: str | None = None
+    """An explicit version string; bump it to rerun the step with the same config."""
+
+    def __truediv__(self, sub: str) -> Any:
+        """`step / "sub"` is `output_of(step, "sub")`."""
+        return OutputOf(self, sub)
+
+    def __repr__(self) -> str:
+        return f"Step({self.name!r})"

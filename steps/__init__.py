@@ -1,0 +1,1 @@
+"""The step library (tokenize, mixture, train_moe, evaluate): step functions and their configs."""
