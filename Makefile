@@ -1,0 +1,40 @@
+# `make run` and `make test` bootstrap .venv from requirements.lock on a fresh machine.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+EXPERIMENT ?= experiments/hello.py
+PYTEST_ARGS ?=
+
+.PHONY: run test test-fast lint bench lock clean
+
+$(STAMP): requirements.lock pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; set PYTHON=/path/to/python3.11" >&2; exit 2; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check --require-hashes --no-deps -r requirements.lock
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/python $(EXPERIMENT)
+
+test: $(STAMP) lint
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/engine.py
+
+# Re-resolve requirements.in into requirements.lock (needs network access to PyPI).
+lock: $(STAMP)
+	$(BIN)/pip install --quiet uv
+	$(BIN)/uv pip compile requirements.in -o requirements.lock --generate-hashes --python-version 3.11 --no-header
+
+clean:
+	rm -rf $(VENV) drydock-runs .pytest_cache .ruff_cache .hypothesis
