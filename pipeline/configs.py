@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.errors import StepDeclarationError
-from pipeline.step import OutputOf, ThisOutput, Versioned
+from pipeline.step import OutputOf, Step, ThisOutput, Versioned
 
 __all__ = ["ConfigRefs", "collect_refs", "resolve_config", "to_plain"]
 
@@ -78,6 +78,14 @@ def _collect(step: str, value: Any, path: str, in_versioned: bool, refs: ConfigR
     if isinstance(value, ThisOutput):
         refs.own_outputs[path] = value
         return
+    if isinstance(value, Step):
+        # A Step is a dataclass; walking into it would adopt the other step's placeholders and
+        # versioned values as this step's own, with no DAG edge.
+        raise StepDeclarationError(
+            step,
+            f"holds step {value.name!r} itself; use output_of(step) or step / 'sub' for its output path",
+            field=path,
+        )
     children = _children(value)
     if children is None:
         return

@@ -143,6 +143,7 @@ def build_dag(roots: Sequence[Step], prefix: str) -> Dag:
         _validate_step(step)
 
     # Discover every Step object reachable through output_of placeholders.
+    # Discover every Step object reachable through output_of placeholders.
     refs: dict[Step, ConfigRefs] = {}
     stack = list(roots)
     while stack:
@@ -182,15 +183,17 @@ def build_dag(roots: Sequence[Step], prefix: str) -> Dag:
     if cycle:
         raise GraphError("the steps form a cycle: " + " -> ".join(s.name for s in cycle))
 
+    # Upstreams before dependents, in declaration order: plans read like the experiment file.
+    order = graph.depth_first_order(edges, list(roots))
     identities: dict[Step, Identity] = {}
-    for step in graph.topological_order(edges):
+    for step in order:
         upstream = {path: (identities[up].hash, ph.sub) for path, (up, ph) in inputs[step].items()}
         identities[step] = compute_identity(step.name, step.version, refs[step].versioned, upstream, prefix)
 
     # Collapse equal identities; the same name with different identities is an error.
     nodes: dict[str, StepNode] = {}
     label_of_name: dict[str, str] = {}
-    for step in graph.topological_order(edges):
+    for step in order:
         ident = identities[step]
         if ident.label in nodes:
             continue

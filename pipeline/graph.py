@@ -6,12 +6,14 @@ they follow the mapping's insertion order, so plans and manifests are stable acr
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
-__all__ = ["ancestors", "descendants", "find_cycle", "reverse", "topological_order"]
+__all__ = ["ancestors", "depth_first_order", "descendants", "find_cycle", "reverse", "topological_order"]
 
 N = TypeVar("N", bound=Hashable)
+
+_DONE = object()  # end of a node's upstreams; not None, which is a valid node
 
 
 def find_cycle(deps: Mapping[N, Sequence[N]]) -> list[N] | None:
@@ -26,8 +28,8 @@ def find_cycle(deps: Mapping[N, Sequence[N]]) -> list[N] | None:
         stack: list[Iterable[N]] = [iter(deps[start])]
         color[start] = grey
         while stack:
-            nxt = next(stack[-1], None)  # type: ignore[call-overload]
-            if nxt is None:
+            nxt = next(stack[-1], _DONE)  # type: ignore[call-overload]
+            if nxt is _DONE:
                 color[path.pop()] = black
                 stack.pop()
                 continue
@@ -57,6 +59,31 @@ def topological_order(deps: Mapping[N, Sequence[N]]) -> list[N]:
                 ready.append(child)
     if len(order) != len(deps):
         raise ValueError("graph has a cycle")
+    return order
+
+
+def depth_first_order(deps: Mapping[N, Sequence[N]], roots: Sequence[N]) -> list[N]:
+    """Nodes reachable from `roots`, each after its upstreams, in the order they are declared.
+
+    Upstreams come first in the order they are listed, so a plan reads the way the experiment
+    file declares its steps. The graph must be acyclic (check with `find_cycle` first).
+    """
+    order: list[N] = []
+    done: set[N] = set()
+    for root in roots:
+        if root in done:
+            continue
+        done.add(root)
+        stack: list[tuple[N, Iterator[N]]] = [(root, iter(deps[root]))]
+        while stack:
+            node, ups = stack[-1]
+            nxt = next(ups, None)
+            if nxt is None:
+                stack.pop()
+                order.append(node)
+            elif nxt not in done:
+                done.add(nxt)
+                stack.append((nxt, iter(deps[nxt])))
     return order
 
 

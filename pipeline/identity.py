@@ -54,10 +54,11 @@ def canonical_json(value: Any) -> str:
 def relativize(value: Any, prefix: str) -> Any:
     """Rewrite strings under `prefix` as `${prefix}/...`, recursively through lists and dicts."""
     if isinstance(value, str):
-        if value == prefix:
+        base = prefix.rstrip("/")  # "s3://b/" and "s3://b" are one prefix (as in dag.join_path)
+        if value == base or value == prefix:
             return PREFIX_TOKEN
-        if value.startswith(prefix + "/"):
-            return PREFIX_TOKEN + value[len(prefix) :]
+        if value.startswith(base + "/"):
+            return PREFIX_TOKEN + value[len(base) :]
         return value
     if isinstance(value, list):
         return [relativize(v, prefix) for v in value]
@@ -84,5 +85,7 @@ def compute_identity(
         "versioned": {path: relativize(v, prefix) for path, v in versioned.items()},
         "inputs": {path: [h, sub] for path, (h, sub) in inputs.items()},
     }
-    digest = hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+    # surrogatepass: a str decoded with surrogateescape (an odd filename) must hash, not crash;
+    # every other str encodes to the same bytes as plain UTF-8.
+    digest = hashlib.sha256(canonical_json(payload).encode("utf-8", "surrogatepass")).hexdigest()
     return Identity(name=name, hash=digest, payload=payload)

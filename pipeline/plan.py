@@ -146,7 +146,7 @@ def make_plan(
                 state=State.WAIT, reason=f"running in {record.lease.describe()}", **common
             )
         else:
-            steps[label] = StepPlan(state=State.RUN, reason=_run_reason(record), **common)
+            steps[label] = StepPlan(state=State.RUN, reason=_run_reason(record, now), **common)
 
     plan = Plan(dag, MappingProxyType(steps))
     if only:
@@ -157,13 +157,16 @@ def make_plan(
     return plan
 
 
-def _run_reason(record: StepRecord) -> str:
+def _run_reason(record: StepRecord, now: float) -> str:
     last = record.last
     if last is None:
         return "no output yet"
     if last.event == FAILED:
         return "previous attempt failed" + (f": {last.message.splitlines()[0]}" if last.message else "")
     if last.event == RUNNING:
+        lease = record.lease
+        if lease is not None and not lease.released and now < lease.expires:
+            return f"previous attempt was interrupted (its runner, pid {lease.pid}, is gone)"
         return "previous attempt was interrupted (its lease expired)"
     if last.event in (CANCELLED, PREEMPTED):
         return f"previous attempt was {last.event.lower()}"

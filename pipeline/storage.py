@@ -525,4 +525,3 @@ class StepStore:
         ok = self.append(step_dir, owner, token, SUCCESS, data=data, require_lease=True)
         self.release(step_dir, owner, token)
         return ok
-

@@ -112,5 +112,16 @@ def sleep_then_write(config: SleepConfig) -> None:
     while time.time() < deadline:
         time.sleep(0.01)
     os.makedirs(config.output, exist_ok=True)
+    with open(os.path.join(config.output, "value.json"), "w") as f:
+        json.dump({"value": 0}, f)
     with open(os.path.join(config.output, "done"), "w") as f:
         f.write("ok")
+
+
+def write_value_fsspec(config: WriteConfig) -> None:
+    """Like `write_value`, through fsspec (works for memory:// outputs)."""
+    import fsspec
+
+    count_call(config.counter, config.name)
+    with fsspec.open(f"{config.output}/value.json", "w") as f:
+        json.dump({"value": config.value}, f)
