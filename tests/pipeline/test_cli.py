@@ -307,7 +307,8 @@ def test_engine_imports_no_ml_library(tmp_path):
         import sys
         from pipeline.cli import run_file
         run_file({str(exp)!r}, ["--prefix", {str(tmp_path / "prefix")!r}])
-        heavy = sorted(m for m in ("jax", "levanter", "ray", "torch", "haliax", "tensorflow") if m in sys.modules)
+        heavy = ("jax", "levanter", "ray", "torch", "haliax", "tensorflow")
+        heavy = sorted(m for m in heavy if m in sys.modules)
         print(",".join(heavy))
     """)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env(), cwd=ROOT)
