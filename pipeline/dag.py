@@ -155,6 +155,12 @@ def build_dag(roots: Sequence[Step], prefix: str) -> Dag:
             if isinstance(placeholder.step, Step):
                 _validate_step(placeholder.step, referrer=f"step {step.name!r} field `{path}`")
                 stack.append(placeholder.step)
+            elif not isinstance(placeholder.step, str):
+                raise StepDeclarationError(
+                    step.name,
+                    f"output_of needs a Step or a step name, got {type(placeholder.step).__name__}",
+                    field=path,
+                )
 
     by_name: dict[str, list[Step]] = {}
     for step in refs:

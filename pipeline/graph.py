@@ -77,8 +77,8 @@ def depth_first_order(deps: Mapping[N, Sequence[N]], roots: Sequence[N]) -> list
         stack: list[tuple[N, Iterator[N]]] = [(root, iter(deps[root]))]
         while stack:
             node, ups = stack[-1]
-            nxt = next(ups, None)
-            if nxt is None:
+            nxt = next(ups, _DONE)
+            if nxt is _DONE:
                 stack.pop()
                 order.append(node)
             elif nxt not in done:

@@ -55,7 +55,7 @@ def relativize(value: Any, prefix: str) -> Any:
     """Rewrite strings under `prefix` as `${prefix}/...`, recursively through lists and dicts."""
     if isinstance(value, str):
         base = prefix.rstrip("/")  # "s3://b/" and "s3://b" are one prefix (as in dag.join_path)
-        if value == base or value == prefix:
+        if value in (base, prefix):
             return PREFIX_TOKEN
         if value.startswith(base + "/"):
             return PREFIX_TOKEN + value[len(base) :]
