@@ -40,3 +40,15 @@ class StepCancelled(BaseException):
 
     A BaseException so that a step's own `except Exception` does not swallow it.
     """
+
+
+class StepPreempted(Exception):
+    """The step's machine went away (node died, TPU slice preempted). Retried on its own budget."""
+
+
+class StepFailed(Exception):
+    """A step function raised on a remote worker; `remote_traceback` is its traceback there."""
+
+    def __init__(self, message: str, remote_traceback: str = "") -> None:
+        super().__init__(message)
+        self.remote_traceback = remote_traceback

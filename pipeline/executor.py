@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.backends.base import Backend, StepTask
-from pipeline.errors import StepCancelled
+from pipeline.errors import StepCancelled, StepFailed, StepPreempted
 from pipeline.heartbeat import Heartbeat
 from pipeline.lease import Owner, is_stale
 from pipeline.metadata import resolved_config, step_info
 from pipeline.plan import Plan, State
 from pipeline.run_state import RunState
-from pipeline.storage import CANCELLED, FAILED, AlreadyDone, Held, StepStore
+from pipeline.storage import CANCELLED, FAILED, PREEMPTED, AlreadyDone, Held, StepStore
 
 __all__ = ["ExecutionOptions", "RunReport", "StepOutcome", "execute"]
 
@@ -96,7 +96,7 @@ class RunReport:
 @dataclass(frozen=True)
 class _Event:
     label: str
-    kind: str  # succeeded | failed | held | done_elsewhere | lost | cancelled
+    kind: str  # succeeded | failed | preempted | held | done_elsewhere | lost | cancelled
     detail: str = ""
     traceback: str | None = None
     started: float | None = None
@@ -151,6 +151,8 @@ class _Execution:
             label: StepOutcome(state=sp.state) for label, sp in plan.steps.items()
         }
         self.lost: set[str] = set()
+        self.failures: dict[str, int] = {}
+        self.preemptions: dict[str, int] = {}
         # With --force, RUNNING may follow the SUCCESS seen at plan time, but not a newer one.
         self.rerun_after = {
             label: len(sp.record.events)
@@ -210,11 +212,24 @@ class _Execution:
             self.report(label, "SUCCEEDED", "by another runner")
             self.state.mark_succeeded(label)
         elif event.kind == "failed":
-            outcome.state = State.FAILED
             outcome.error, outcome.traceback = event.detail, event.traceback
-            self.report(label, "FAILED", event.detail)
-            for blocked in self.state.mark_failed(label):
-                self.report(blocked, "BLOCKED", f"by {self.dag.nodes[label].name}")
+            self.failures[label] = self.failures.get(label, 0) + 1
+            if self.failures[label] <= self.dag.nodes[label].step.resources.failure_retries:
+                self.report(label, "FAILED", f"{event.detail}; retrying")
+                self.state.mark_retry(label)
+                return
+            self._fail(label, event.detail)
+        elif event.kind == "preempted":
+            self.preemptions[label] = self.preemptions.get(label, 0) + 1
+            budget = self.dag.nodes[label].step.resources.preemption_retries
+            if self.preemptions[label] <= budget:
+                self.report(
+                    label, "PREEMPTED", f"{event.detail}; retrying ({self.preemptions[label]}/{budget})"
+                )
+                self.state.mark_retry(label)
+                return
+            outcome.error = f"preempted {self.preemptions[label]} times (budget {budget}): {event.detail}"
+            self._fail(label, outcome.error)
         elif event.kind in ("held", "lost"):
             outcome.state = State.WAIT
             self.report(label, "WAIT", event.detail)
@@ -223,6 +238,12 @@ class _Execution:
             outcome.state = State.CANCELLED
             self.report(label, "CANCELLED", event.detail)
             self.state.mark_cancelled(label)
+
+    def _fail(self, label: str, detail: str) -> None:
+        self.outcomes[label].state = State.FAILED
+        self.report(label, "FAILED", detail)
+        for blocked in self.state.mark_failed(label):
+            self.report(blocked, "BLOCKED", f"by {self.dag.nodes[label].name}")
 
     def _check_waiting(self) -> None:
         """Poll the steps another runner holds: finished, or free to take over?"""
@@ -323,9 +344,15 @@ class _Execution:
             self.store.append(step_dir, self.owner, token, CANCELLED, "interrupted")
             self.store.release(step_dir, self.owner, token)
             return _Event(label, "cancelled", "interrupted", started=started, ended=self.clock())
+        except StepPreempted as e:
+            if label in self.lost:
+                return _Event(label, "lost", "lease lost; step stopped, result discarded", started=started)
+            self.store.append(step_dir, self.owner, token, PREEMPTED, str(e))
+            self.store.release(step_dir, self.owner, token)
+            return _Event(label, "preempted", str(e), started=started, ended=self.clock())
         except Exception as e:
-            tb = traceback.format_exc()
-            message = f"{type(e).__name__}: {e}"
+            tb = e.remote_traceback if isinstance(e, StepFailed) else traceback.format_exc()
+            message = str(e) if isinstance(e, StepFailed) else f"{type(e).__name__}: {e}"
             if label in self.lost:
                 return _Event(label, "lost", "lease lost; step stopped, result discarded", started=started)
             self.store.append(step_dir, self.owner, token, FAILED, message, data={"traceback": tb})

@@ -37,7 +37,7 @@ __all__ = ["ExecutorMainConfig", "executor_main", "run_experiment", "step_status
 logger = logging.getLogger("drydock")
 
 DEFAULT_PREFIX = "./drydock-runs"
-BACKENDS = ("local",)
+BACKENDS = ("ray", "local")
 
 
 @dataclass(frozen=True)
@@ -47,8 +47,11 @@ class ExecutorMainConfig:
     prefix: str | None = None
     """Storage prefix for step outputs (local path, memory://, gs://, s3://...).
     Default: $DRYDOCK_PREFIX, else ./drydock-runs."""
-    backend: str = "local"
-    """Where step functions run: local (threads of this process)."""
+    backend: str = "ray"
+    """Where step functions run: ray (a local Ray instance, or the cluster at --ray_address)
+    or local (threads of this process)."""
+    ray_address: str | None = None
+    """Ray cluster to join (default: $RAY_ADDRESS, else start a local instance for the run)."""
     dry_run: bool = False
     """Print the plan and exit without running anything."""
     json: bool = False
@@ -94,8 +97,12 @@ def _validate_options(config: ExecutorMainConfig) -> None:
         )
 
 
-def _make_backend(name: str) -> Backend:
+def _make_backend(config: ExecutorMainConfig) -> Backend:
     # Imported here: a backend may import heavy libraries (Ray) that planning must not load.
+    if config.backend == "ray":
+        from pipeline.backends.ray import RayBackend
+
+        return RayBackend(address=config.ray_address)
     from pipeline.backends.local import LocalBackend
 
     return LocalBackend()
@@ -134,9 +141,13 @@ def run_experiment(
     dag, store, plan = prepare(steps, config)
     if config.dry_run:
         return plan
-    store.storage.check_writable(dag.prefix)
-    backend = _make_backend(config.backend)
-    backend.validate(plan)
+    backend = _make_backend(config)
+    try:
+        backend.validate(plan)
+        store.storage.check_writable(dag.prefix)
+    except BaseException:
+        backend.close()
+        raise
     owner = Owner.current()
     name = experiment_name(config.experiment, source_file)
     env = environment_info(source_file)

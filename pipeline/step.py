@@ -106,6 +106,10 @@ class Resources:
     """Environment variables for the step's process."""
     pip: tuple[str, ...] = ()
     """Extra pip requirements for the step's environment (Ray runtime_env)."""
+    preemption_retries: int = 100
+    """How often the step is retried after losing its machine (node died, slice preempted)."""
+    failure_retries: int = 0
+    """How often the step is retried after its function raised."""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready description, for plans and manifests."""

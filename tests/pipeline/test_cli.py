@@ -59,15 +59,25 @@ def write_experiment(tmp_path: Path, a_value: int = 1, sleep: float = 0.0, name:
     return path
 
 
+def local(args: tuple[str, ...]) -> list[str]:
+    """`drydock CMD FILE --backend local ...`: these tests are about the engine, not Ray."""
+    return [*args[:2], "--backend", "local", *args[2:]] if len(args) >= 2 else list(args)
+
+
 def drydock(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [*DRYDOCK, *args], capture_output=True, text=True, env=env(), cwd=ROOT, timeout=timeout
+        [*DRYDOCK, *local(args)], capture_output=True, text=True, env=env(), cwd=ROOT, timeout=timeout
     )
 
 
 def start(*args: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [*DRYDOCK, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(), cwd=ROOT
+        [*DRYDOCK, *local(args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+        cwd=ROOT,
     )
 
 
@@ -122,7 +132,7 @@ def test_plan_json_is_machine_readable_and_writes_nothing(tmp_path):
 def test_python_file_and_dry_run_flag(tmp_path):
     exp, prefix = write_experiment(tmp_path), tmp_path / "prefix"
     result = subprocess.run(
-        [sys.executable, str(exp), "--prefix", str(prefix), "--dry_run", "true"],
+        [sys.executable, str(exp), "--prefix", str(prefix), "--backend", "local", "--dry_run", "true"],
         capture_output=True,
         text=True,
         env=env(),
@@ -306,7 +316,7 @@ def test_engine_imports_no_ml_library(tmp_path):
     code = textwrap.dedent(f"""
         import sys
         from pipeline.cli import run_file
-        run_file({str(exp)!r}, ["--prefix", {str(tmp_path / "prefix")!r}])
+        run_file({str(exp)!r}, ["--prefix", {str(tmp_path / "prefix")!r}, "--backend", "local"])
         heavy = ("jax", "levanter", "ray", "torch", "haliax", "tensorflow")
         heavy = sorted(m for m in heavy if m in sys.modules)
         print(",".join(heavy))

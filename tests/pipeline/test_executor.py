@@ -45,7 +45,7 @@ def chain(counter: str, a_value: int = 1, b_value: int = 10, log_every: int = 10
 
 
 def run(steps, prefix, **options) -> RunReport:
-    result = run_experiment(steps, ExecutorMainConfig(prefix=str(prefix), **options))
+    result = run_experiment(steps, ExecutorMainConfig(prefix=str(prefix), backend="local", **options))
     assert isinstance(result, RunReport)
     return result
 
