@@ -118,7 +118,7 @@ def _validate_step(step: Any, referrer: str | None = None) -> None:
         raise StepDeclarationError(
             step.name,
             f"fn {qualname} is a lambda or a nested function; step functions must be defined at "
-            "module level so remote workers and `drydock rerun` can import them",
+            "module level so that remote workers can import them",
             field="fn",
         )
     if step.version is not None and not isinstance(step.version, str):
@@ -133,6 +133,18 @@ def _validate_step(step: Any, referrer: str | None = None) -> None:
         )
 
 
+def _validate_sub(step: str, path: str, sub: Any) -> None:
+    """A placeholder's sub-path must stay inside the step directory it names."""
+    if sub is None:
+        return
+    if not isinstance(sub, str):
+        raise StepDeclarationError(step, f"sub-path must be a string, got {sub!r}", field=path)
+    if sub.startswith("/") or "://" in sub or ".." in sub.split("/"):
+        raise StepDeclarationError(
+            step, f"sub-path {sub!r} must be relative and stay inside the step's directory", field=path
+        )
+
+
 def build_dag(roots: Sequence[Step], prefix: str) -> Dag:
     """Discover, validate and identify every step reachable from `roots`."""
     if isinstance(roots, Step):
@@ -142,7 +154,6 @@ def build_dag(roots: Sequence[Step], prefix: str) -> Dag:
     for step in roots:
         _validate_step(step)
 
-    # Discover every Step object reachable through output_of placeholders.
     # Discover every Step object reachable through output_of placeholders.
     refs: dict[Step, ConfigRefs] = {}
     stack = list(roots)
@@ -161,6 +172,10 @@ def build_dag(roots: Sequence[Step], prefix: str) -> Dag:
                     f"output_of needs a Step or a step name, got {type(placeholder.step).__name__}",
                     field=path,
                 )
+
+    for step, step_refs in refs.items():
+        for path, ph in [*step_refs.inputs.items(), *step_refs.own_outputs.items()]:
+            _validate_sub(step.name, path, ph.sub)
 
     by_name: dict[str, list[Step]] = {}
     for step in refs:

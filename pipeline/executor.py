@@ -155,9 +155,9 @@ class _Execution:
         self.preemptions: dict[str, int] = {}
         # With --force, RUNNING may follow the SUCCESS seen at plan time, but not a newer one.
         self.rerun_after = {
-            label: len(sp.record.events)
+            label: len(sp.record.events) if sp.record is not None else 0
             for label, sp in plan.steps.items()
-            if sp.state == State.RUN and sp.record is not None and sp.record.succeeded
+            if sp.state == State.RUN and sp.forced
         }
         self.heartbeat = Heartbeat(
             store, owner, options.lease_timeout, options.heartbeat_interval, self._on_lost, clock
@@ -338,28 +338,30 @@ class _Execution:
             if not committed:
                 return _Event(label, "lost", "lease lost before commit; result discarded", started=started)
             return _Event(label, "succeeded", started=started, ended=ended)
-        except StepCancelled:
+        # SystemExit: a step calling sys.exit() has failed; it must not stop the executor.
+        except (Exception, SystemExit, StepCancelled) as e:
             if label in self.lost:
                 return _Event(label, "lost", "lease lost; step stopped, result discarded", started=started)
-            self.store.append(step_dir, self.owner, token, CANCELLED, "interrupted")
-            self.store.release(step_dir, self.owner, token)
-            return _Event(label, "cancelled", "interrupted", started=started, ended=self.clock())
-        except StepPreempted as e:
-            if label in self.lost:
-                return _Event(label, "lost", "lease lost; step stopped, result discarded", started=started)
-            self.store.append(step_dir, self.owner, token, PREEMPTED, str(e))
-            self.store.release(step_dir, self.owner, token)
-            return _Event(label, "preempted", str(e), started=started, ended=self.clock())
-        except Exception as e:
-            tb = e.remote_traceback if isinstance(e, StepFailed) else traceback.format_exc()
-            message = str(e) if isinstance(e, StepFailed) else f"{type(e).__name__}: {e}"
-            if label in self.lost:
-                return _Event(label, "lost", "lease lost; step stopped, result discarded", started=started)
-            self.store.append(step_dir, self.owner, token, FAILED, message, data={"traceback": tb})
-            self.store.release(step_dir, self.owner, token)
-            return _Event(label, "failed", message, tb, started=started, ended=self.clock())
+            kind, status, message, tb = _classify(e)
+            self.store.append(
+                step_dir, self.owner, token, status, message, data={"traceback": tb} if tb else None
+            )
+            return _Event(label, kind, message, tb, started=started, ended=self.clock())
         finally:
             self.heartbeat.remove(step_dir)
+            # Whatever happened, the lease goes (a no-op if released above or no longer ours).
+            self.store.release(step_dir, self.owner, token)
+
+
+def _classify(error: BaseException) -> tuple[str, str, str, str | None]:
+    """(event kind, status event, message, traceback) for an attempt that ended in `error`."""
+    if isinstance(error, StepCancelled):
+        return "cancelled", CANCELLED, "interrupted", None
+    if isinstance(error, StepPreempted):
+        return "preempted", PREEMPTED, str(error), None
+    if isinstance(error, StepFailed):
+        return "failed", FAILED, str(error), error.remote_traceback
+    return "failed", FAILED, f"{type(error).__name__}: {error}", traceback.format_exc()
 
 
 def _seconds(value: float | None) -> str:

@@ -71,6 +71,7 @@ class ExecutorMainConfig:
     experiment: str | None = None
     """Experiment name for the manifest (default: the experiment file's name)."""
     log_level: str = "INFO"
+    """Logging level of Drydock's own messages on stderr: DEBUG, INFO, WARNING or ERROR."""
 
 
 def _resolve_prefix(prefix: str | None) -> str:
@@ -88,6 +89,14 @@ def _validate_options(config: ExecutorMainConfig) -> None:
         raise StepDeclarationError(None, "must be at least 1", field="--max_concurrent")
     if config.lease_timeout <= 0 or config.heartbeat_interval <= 0:
         raise StepDeclarationError(None, "must be positive", field="--lease_timeout/--heartbeat_interval")
+    if config.wait_poll_interval <= 0:
+        raise StepDeclarationError(None, "must be positive", field="--wait_poll_interval")
+    if logging.getLevelName(config.log_level.upper()) not in (10, 20, 30, 40, 50):
+        raise StepDeclarationError(
+            None,
+            f"unknown log level {config.log_level!r}; use DEBUG, INFO, WARNING or ERROR",
+            field="--log_level",
+        )
     if config.heartbeat_interval >= config.lease_timeout:
         raise StepDeclarationError(
             None,
@@ -108,7 +117,9 @@ def _make_backend(config: ExecutorMainConfig) -> Backend:
     return LocalBackend()
 
 
-def prepare(steps: Sequence[Step], config: ExecutorMainConfig) -> tuple[Dag, StepStore, Plan]:
+def prepare(
+    steps: Sequence[Step], config: ExecutorMainConfig, *, strict: bool = True
+) -> tuple[Dag, StepStore, Plan]:
     """Build the DAG, read the prefix, and plan. Reads storage, writes nothing."""
     _validate_options(config)
     prefix = _resolve_prefix(config.prefix)
@@ -123,6 +134,7 @@ def prepare(steps: Sequence[Step], config: ExecutorMainConfig) -> tuple[Dag, Ste
         only=config.only,
         force=config.force,
         current_info=lambda label: step_info(dag, label),
+        strict=strict,
     )
     return dag, store, plan
 
@@ -174,7 +186,7 @@ def step_status(
     steps: Sequence[Step], config: ExecutorMainConfig
 ) -> tuple[Plan, dict[str, Any], dict[str, bool]]:
     """Plan plus raw records and lease liveness of every step, for `drydock status`."""
-    dag, _store, plan = prepare(steps, config)
+    dag, _store, plan = prepare(steps, config, strict=False)
     records = {label: sp.record for label, sp in plan.steps.items()}
     host = Owner.current().host
     now = time.time()
@@ -254,6 +266,7 @@ def executor_main(
     source_file = getattr(main_module, "__file__", None)
     try:
         config = parse_options(args)
+        _validate_options(config)
         logging.basicConfig(
             level=config.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
         )
@@ -309,7 +322,9 @@ def _print_status(steps: Sequence[Step], config: ExecutorMainConfig) -> int:
         for entry in out["steps"]:
             record = records[entry["output_path"]]
             last = record.last if record is not None else None
-            entry["status"] = last.event if last else None
+            entry["status"] = (
+                "CORRUPT" if record is not None and record.corrupt else (last.event if last else None)
+            )
             entry["status_time"] = last.time if last else None
             entry["live"] = live[entry["label"]]
         print(json.dumps(out, indent=2))

@@ -22,7 +22,7 @@ from typing import Any
 
 from pipeline import graph
 from pipeline.dag import Dag, labels_matching
-from pipeline.errors import StepDeclarationError
+from pipeline.errors import StepDeclarationError, StorageError
 from pipeline.lease import is_stale, pid_alive
 from pipeline.metadata import config_drift
 from pipeline.storage import CANCELLED, FAILED, PREEMPTED, RUNNING, StepRecord
@@ -56,6 +56,8 @@ class StepPlan:
     reason: str
     notes: tuple[str, ...] = ()
     deps: tuple[str, ...] = ()
+    forced: bool = False
+    """Selected by `--force`: runs even over an existing SUCCESS (or a corrupt status)."""
     record: StepRecord | None = None
     """The storage snapshot this entry was planned from."""
 
@@ -116,11 +118,13 @@ def make_plan(
     force: str | None = None,
     current_info: Callable[[str], Mapping[str, Any]] | None = None,
     alive: Callable[[int, str | None], bool] = pid_alive,
+    strict: bool = True,
 ) -> Plan:
     """Plan `dag` against `snapshot` (step output path -> record).
 
     `current_info(label)` gives the current `.step.json` content of a step; with it, cached
-    steps get drift notes. `only` and `force` are regexes on step names.
+    steps get drift notes. `only` and `force` are regexes on step names. A step whose `.status`
+    is corrupt is an error unless it is forced (or `strict` is off, for status displays).
     """
     forced = labels_matching(dag, force)
     steps: dict[str, StepPlan] = {}
@@ -135,7 +139,12 @@ def make_plan(
             "record": record,
         }
         if label in forced:
-            steps[label] = StepPlan(state=State.RUN, reason="forced by --force", **common)
+            reason = "forced by --force" + ("; its corrupt .status is set aside" if record.corrupt else "")
+            steps[label] = StepPlan(state=State.RUN, reason=reason, forced=True, **common)
+        elif record.corrupt:
+            if strict:
+                raise StorageError(f"step {node.name!r}: {record.corrupt}")
+            steps[label] = StepPlan(state=State.RUN, reason=f"CORRUPT: {record.corrupt}", **common)
         elif record.succeeded:
             notes = config_drift(record.step_json, current_info(label)) if current_info else []
             reason = "cached" + (f"; {notes[0]}" if notes else "")

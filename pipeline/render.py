@@ -80,6 +80,9 @@ def status_table(plan: Plan, records: Mapping[str, StepRecord], live: Mapping[st
     for label, node in plan.dag.nodes.items():
         record = records.get(node.output_path) or StepRecord()
         last = record.last
+        if record.corrupt:
+            table.add_row(Text("CORRUPT", style="bold red"), label, "", record.corrupt, node.output_path)
+            continue
         if last is None:
             status = Text("NOT STARTED", style="dim")
             when = ""

@@ -61,6 +61,7 @@ STEP_JSON = ".step.json"
 STATUS = ".status"
 LEASE = ".lease"
 HIDDEN_FILES = frozenset({STEP_JSON, STATUS, LEASE, ".logs"})
+"""Drydock's own entries in a step directory (plus `.status.corrupt-*`, `.tmp-*`)."""
 
 RUNNING = "RUNNING"
 SUCCESS = "SUCCESS"
@@ -310,6 +311,8 @@ class StepRecord:
     events: tuple[StatusEvent, ...] = ()
     step_json: Mapping[str, Any] | None = None
     lease: LeaseRecord | None = None
+    corrupt: str | None = None
+    """Why `.status` could not be read, if it could not."""
 
     @property
     def last(self) -> StatusEvent | None:
@@ -359,7 +362,10 @@ class StepStore:
         `.step.json` is read for finished steps (drift notes need it), `.lease` for unfinished
         ones (to tell a live runner from a dead one).
         """
-        events = self.events(step_dir)
+        try:
+            events = self.events(step_dir)
+        except StorageError as e:
+            return StepRecord(lease=self.lease(step_dir), corrupt=str(e))
         step_json = None
         lease = None
         if events and events[-1].event == SUCCESS:
@@ -396,7 +402,7 @@ class StepStore:
     def has_payload(self, step_dir: str) -> bool:
         """Whether the step wrote anything besides Drydock's own metadata."""
         return any(
-            name not in HIDDEN_FILES and not name.startswith(".tmp-")
+            name not in HIDDEN_FILES and not name.startswith((".tmp-", f"{STATUS}.corrupt-"))
             for name in self.storage.listdir(step_dir)
         )
 
@@ -420,7 +426,14 @@ class StepStore:
         then follow a SUCCESS only if no event was added since (one forced rerun, not one per runner).
         """
         status_path = f"{step_dir}/{STATUS}"
-        events = parse_status(self.storage.read(status_path), status_path)
+        raw = self.storage.read(status_path)
+        corrupt = None
+        try:
+            events = parse_status(raw, status_path)
+        except StorageError:
+            if rerun_after is None:
+                raise
+            events, corrupt = (), raw  # --force: set the unreadable file aside below
         if self._done(events, rerun_after):
             return AlreadyDone()
         seen_token = max((e.token for e in events), default=0)
@@ -440,6 +453,11 @@ class StepStore:
         if "held" in outcome:
             return Held(outcome["held"])
         token = outcome["token"]
+        if corrupt is not None:
+            # Keep the evidence; the forced rerun starts a fresh history under the new lease.
+            self.storage.write(f"{step_dir}/{STATUS}.corrupt-{token}", corrupt)
+            self.storage.write(status_path, b"")
+            rerun_after = 0
 
         def start(old: bytes | None) -> bytes | None:
             current = parse_status(old, status_path)

@@ -125,3 +125,11 @@ def write_value_fsspec(config: WriteConfig) -> None:
     count_call(config.counter, config.name)
     with fsspec.open(f"{config.output}/value.json", "w") as f:
         json.dump({"value": config.value}, f)
+
+
+def exit_early(config: FailConfig) -> None:
+    """A step that calls sys.exit(): a failure of the step, not of the executor."""
+    import sys
+
+    count_call(config.counter, "exit")
+    sys.exit(3)

@@ -274,6 +274,8 @@ def test_bad_declarations_exit_2_with_one_line_and_write_nothing(tmp_path, sourc
         (["--backend", "nope"], "unknown backend 'nope'"),
         (["--max_concurrent", "zero"], "max_concurrent"),
         (["--only", "("], "invalid regular expression"),
+        (["--log_level", "chatty"], "unknown log level 'chatty'"),
+        (["--wait_poll_interval", "-1"], "field `--wait_poll_interval`: must be positive"),
     ],
 )
 def test_bad_options_exit_2(tmp_path, args, message):
@@ -309,6 +311,14 @@ def test_status_shows_what_storage_says(tmp_path):
     }
     table = drydock("status", str(exp), "--prefix", str(prefix))
     assert "SUCCESS" in table.stdout and "NOT STARTED" in table.stdout
+    # A corrupt .status: planning refuses with one line, status shows it, --force is the way out.
+    (status_file,) = prefix.glob("layer1/s0-*/.status")
+    status_file.write_text("{not json\n")
+    refused = drydock("run", str(exp), "--prefix", str(prefix))
+    assert refused.returncode == 2 and "line 1 is corrupt" in refused.stderr
+    shown = json.loads(drydock("status", str(exp), "--prefix", str(prefix), "--json").stdout)
+    assert shown["steps"][0]["status"] == "CORRUPT"
+    assert drydock("run", str(exp), "--prefix", str(prefix), "--force", "layer1/s0").returncode == 0
 
 
 def test_engine_imports_no_ml_library(tmp_path):

@@ -12,6 +12,7 @@ import pytest
 from pipeline.dag import Dag, build_dag, fn_import_path, iter_labels, join_path, labels_matching
 from pipeline.errors import DrydockError, GraphError, StepDeclarationError
 from pipeline.step import OutputOf, Resources, Step, output_of, this_output, versioned
+from tests.pipeline.stepfns import WriteConfig, write_value
 
 PREFIX = "/runs"
 
@@ -526,3 +527,14 @@ def test_resources_ride_along() -> None:
     dag = build_dag([mk("s", resources=res)], PREFIX)
     (node,) = dag.nodes.values()
     assert node.step.resources == res
+
+
+@pytest.mark.parametrize("sub", ["../escape", "/abs/path", "a/../../b", "s3://bucket/x"])
+def test_sub_paths_must_stay_inside_the_step_directory(sub):
+    up = Step("up", write_value, WriteConfig(output=this_output()))
+    down = Step("down", write_value, WriteConfig(output=this_output(), inputs=[output_of(up, sub)]))
+    with pytest.raises(StepDeclarationError, match=r"step 'down', field `inputs.0`: sub-path"):
+        build_dag([down], "/p")
+    mine = Step("mine", write_value, WriteConfig(output=this_output(sub)))
+    with pytest.raises(StepDeclarationError, match=r"step 'mine', field `output`: sub-path"):
+        build_dag([mine], "/p")

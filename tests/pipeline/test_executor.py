@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from pipeline import ExecutorMainConfig, Step, output_of, run_experiment, this_output, versioned
-from pipeline.errors import StepDeclarationError
+from pipeline.errors import StepDeclarationError, StorageError
 from pipeline.executor import RunReport
 from pipeline.lease import LeaseRecord, Owner
 from pipeline.plan import Plan, State
@@ -285,3 +286,31 @@ def test_cancelled_status_is_not_success(tmp_path):
     plan = run_experiment(steps, ExecutorMainConfig(prefix=str(prefix), dry_run=True))
     assert plan.steps[label].state == State.RUN
     assert plan.steps[label].reason == "previous attempt was cancelled"
+
+
+def test_a_step_calling_sys_exit_fails_and_releases_its_lease(tmp_path):
+    step = Step("exits", stepfns.exit_early, FailConfig(this_output(), str(tmp_path / "calls")))
+    report = run([step], tmp_path / "prefix")
+    ((label, outcome),) = report.outcomes.items()
+    assert outcome.state == State.FAILED and outcome.error == "SystemExit: 3"
+    store = StepStore(LocalStorage())
+    step_dir = report.plan.dag.nodes[label].output_path
+    assert [e.event for e in store.events(step_dir)] == [RUNNING, FAILED]
+    assert store.lease(step_dir).released
+
+
+def test_corrupt_status_is_a_clear_error_and_force_reruns_it(tmp_path):
+    counter, prefix = str(tmp_path / "calls"), tmp_path / "prefix"
+    first = run(chain(counter), prefix)
+    label = next(label for label, node in first.plan.dag.nodes.items() if node.name == "data/b")
+    status = Path(first.plan.dag.nodes[label].output_path) / ".status"
+    status.write_bytes(status.read_bytes() + b"garbage\n")
+    with pytest.raises(StorageError, match=r"step 'data/b': .*\.status line 3 is corrupt.*--force"):
+        run(chain(counter), prefix)
+    report = run(chain(counter), prefix, force="^data/b$")
+    assert report.ok
+    assert states(report)["data/b"] == State.SUCCEEDED
+    assert [e.event for e in StepStore(LocalStorage()).events(str(status.parent))] == [RUNNING, SUCCESS]
+    (aside,) = status.parent.glob(".status.corrupt-*")
+    assert aside.read_bytes().endswith(b"garbage\n")
+    assert calls(counter, "b") == 2
