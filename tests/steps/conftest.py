@@ -1,0 +1,80 @@
+"""Fixtures for the step library: a small tokenizer trained on the fly, and small corpora."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+WORDS = [
+    "the",
+    "cat",
+    "sat",
+    "on",
+    "a",
+    "mat",
+    "while",
+    "dogs",
+    "ran",
+    "far",
+    "away",
+    "under",
+    "green",
+    "trees",
+    "and",
+    "blue",
+    "skies",
+]
+
+
+def make_docs(n: int, seed: int = 0, prefix: str = "") -> list[str]:
+    """Deterministic small documents."""
+    docs = []
+    for i in range(n):
+        k = (i * 7 + seed) % len(WORDS)
+        words = [WORDS[(k + j * 3) % len(WORDS)] for j in range(5 + i % 11)]
+        docs.append(prefix + " ".join(words) + f" {i}.")
+    return docs
+
+
+def write_jsonl(path: Path, docs: list[str], field: str = "text") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for d in docs:
+            f.write(json.dumps({field: d, "id": len(d)}) + "\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory) -> str:
+    """A byte-level BPE tokenizer directory, trained in a second on generated text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    out = tmp_path_factory.mktemp("tokenizer")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>", "<|pad|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(make_docs(500) + make_docs(200, seed=3, prefix="x = 1 + 2\n"), trainer)
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<|endoftext|>",
+                "eos_token": "<|endoftext|>",
+                "pad_token": "<|pad|>",
+                "model_max_length": 1000000,
+            }
+        )
+    )
+    (out / "special_tokens_map.json").write_text(
+        json.dumps({"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|pad|>"})
+    )
+    return str(out)
