@@ -29,6 +29,7 @@ from pipeline.lease import Owner, is_stale
 from pipeline.manifest import build_manifest, experiment_name, manifest_path
 from pipeline.metadata import environment_info, step_info
 from pipeline.plan import Plan, State, make_plan
+from pipeline.preview import step_previews
 from pipeline.step import Step
 from pipeline.storage import StepStore, normalize_prefix, open_storage
 
@@ -291,10 +292,17 @@ def _run_and_print(
 
     result = run_experiment(steps, config, description=description, source_file=source_file)
     if isinstance(result, Plan):
+        previews = step_previews(result)
         if config.json:
-            print(json.dumps(result.to_json(dry_run=True), indent=2))
+            out = result.to_json(dry_run=True)
+            for entry in out["steps"]:
+                if entry["label"] in previews:
+                    entry["preview"] = previews[entry["label"]]
+            print(json.dumps(out, indent=2))
         else:
             print_table(plan_table(result))
+            for label, text in previews.items():
+                print(f"\n{label}:\n{text}")
         return 0
     if config.json:
         out = result.plan.to_json(dry_run=False, exit_code=result.exit_code)

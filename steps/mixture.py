@@ -218,6 +218,7 @@ def mixture(config: MixtureConfig) -> None:
                 f"component {name!r} has zero weight in every phase, so it is validation-only: list it in "
                 "`validation` or drop it"
             )
+    print(format_mixture(plan, train_tokens), flush=True)
     data_config = _data_config(config, plan, tokenizers.pop())
     _write(f"{config.output}/data_config.yaml", _dump_data_config(data_config))
     table = {
@@ -245,6 +246,40 @@ def mixture(config: MixtureConfig) -> None:
         },
     }
     _write(f"{config.output}/mixture.json", json.dumps(table, indent=2))
+
+
+def preview(config: MixtureConfig) -> str:
+    """The mixture table, for `drydock plan` once the tokenized components exist."""
+    stats = {name: _read_stats(name, path) for name, path in config.components.items()}
+    train_tokens = {name: s["splits"].get("train", {}).get("tokens", 0) for name, s in stats.items()}
+    plan = plan_mixture(
+        config.weights,
+        train_tokens,
+        target_tokens=config.target_tokens,
+        batch_size=config.batch_size,
+        seq_len=config.seq_len,
+        max_epochs=config.max_epochs,
+    )
+    return format_mixture(plan, train_tokens)
+
+
+def format_mixture(plan: MixturePlan, train_tokens: Mapping[str, int]) -> str:
+    """A plain-text table: weights per phase, then tokens and epochs per component."""
+    names = sorted(train_tokens)
+    width = max(len(n) for n in names) + 2
+    lines = [f"{plan.num_steps:,} steps; {len(plan.phases)} phase(s)"]
+    header = "".join(f"{'steps ' + str(p.start_step) + '-' + str(p.end_step):>16}" for p in plan.phases)
+    lines.append(f"{'component':<{width}}{header}{'tokens':>14}{'available':>14}{'epochs':>9}")
+    for name in names:
+        weights = "".join(f"{p.weights[name]:>16.3f}" for p in plan.phases)
+        note = "  (validation only)" if name in plan.validation_only else ""
+        lines.append(
+            f"{name:<{width}}{weights}{plan.tokens[name]:>14,}{train_tokens[name]:>14,}{plan.epochs[name]:>9.2f}{note}"
+        )
+    return "\n".join(lines)
+
+
+mixture.preview = preview  # type: ignore[attr-defined]  # shown by `drydock plan` (pipeline.preview)
 
 
 def _read_stats(name: str, path: str) -> dict[str, Any]:

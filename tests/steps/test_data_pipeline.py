@@ -1,0 +1,65 @@
+"""The data stages as steps of one DAG, on the committed demo corpus and tokenizer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline import ExecutorMainConfig, run_experiment
+from pipeline.executor import RunReport
+from pipeline.plan import Plan, State
+from pipeline.preview import step_previews
+from steps.mixture import load_data_config, mixture_step
+from steps.tokenize import tokenize_step
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def dag():
+    prose = tokenize_step(
+        "tokenized/prose",
+        train=["data/corpus/prose/train-*.jsonl"],
+        validation=["data/corpus/prose/validation-*.jsonl"],
+        tokenizer="data/tokenizer",
+        input_root=str(ROOT),
+    )
+    arithmetic = tokenize_step(
+        "tokenized/arithmetic",
+        train=["data/corpus/arithmetic/train-*.jsonl"],
+        tokenizer="data/tokenizer",
+        input_root=str(ROOT),
+    )
+    mix = mixture_step(
+        "mixture/demo",
+        components={"prose": prose, "arithmetic": arithmetic},
+        weights=[(0, {"prose": 0.5, "arithmetic": 0.5}), (64, {"prose": 0.8, "arithmetic": 0.2})],
+        target_tokens=128 * 8 * 128,
+        batch_size=8,
+        seq_len=128,
+        validation=["prose"],
+        max_epochs=4,
+    )
+    return [mix]
+
+
+def test_tokenize_then_mix_with_a_preview_in_the_plan(tmp_path):
+    prefix = str(tmp_path / "prefix")
+    report = run_experiment(dag(), ExecutorMainConfig(prefix=prefix, backend="local", only="^tokenized/"))
+    assert isinstance(report, RunReport) and report.ok
+    plan = run_experiment(dag(), ExecutorMainConfig(prefix=prefix, dry_run=True))
+    assert isinstance(plan, Plan)
+    (mix_label,) = plan.in_state(State.RUN)
+    preview = step_previews(plan)[mix_label]
+    assert "128 steps; 2 phase(s)" in preview and "prose" in preview and "arithmetic" in preview
+    report = run_experiment(dag(), ExecutorMainConfig(prefix=prefix, backend="local"))
+    assert report.ok
+    out = Path(plan.dag.nodes[mix_label].output_path)
+    table = json.loads((out / "mixture.json").read_text())
+    assert table["components"]["prose"]["tokens"] == round(64 * 1024 * 0.5 + 64 * 1024 * 0.8)
+    data = load_data_config(str(out))
+    assert Path(data.tokenizer).is_absolute() and Path(data.tokenizer, "tokenizer.json").exists()
+    # Identities do not depend on where the checkout lives: input paths are versioned relative.
+    step_json = json.loads(
+        (Path(plan.dag.nodes[plan.in_state(State.CACHED)[0]].output_path) / ".step.json").read_text()
+    )
+    assert step_json["identity"]["versioned"]["train"] == ["data/corpus/prose/train-*.jsonl"]
