@@ -25,9 +25,16 @@ USAGE = """usage: drydock {run,plan,status} FILE [options]
   plan    print the plan (what would run, and why) without running anything
   status  show what storage says about each step of FILE now
 
-options (all commands): --prefix P  --backend local  --json  --only REGEX  --force REGEX
-  --max_concurrent N  --lease_timeout S  --heartbeat_interval S  --experiment NAME
-run `drydock run FILE --help` for every option.
+options (all commands):
+  --prefix P               storage prefix (default $DRYDOCK_PREFIX, else ./drydock-runs)
+  --backend ray|local      where steps run (default ray: a private local instance, or --ray_address)
+  --ray_address HOST:PORT  join a Ray cluster (default $RAY_ADDRESS)
+  --json                   machine-readable output on stdout
+  --only REGEX             run only matching steps and what they need
+  --force REGEX            rerun matching steps even if cached
+  --max_concurrent N  --lease_timeout S  --heartbeat_interval S  --wait_poll_interval S
+  --experiment NAME  --log_level LEVEL
+run `drydock run FILE --help` for every option with its description.
 """
 
 COMMANDS = ("run", "plan", "status")

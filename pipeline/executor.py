@@ -324,7 +324,9 @@ class _Execution:
             self.store.write_step_json(step_dir, info)
             self.report(label, "RUNNING", f"attempt {attempt}" if attempt > 1 else "")
             self.backend.run(
-                StepTask(label, node.name, node.step.fn, config, node.step.resources, step_dir, attempt)
+                StepTask(
+                    label, node.name, node.step.fn, config, node.step.resources, step_dir, attempt, token
+                )
             )
             if label in self.lost:
                 raise StepCancelled(label)

@@ -10,6 +10,7 @@ without the command line and without exiting, for tests and other tools.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -72,7 +73,7 @@ class ExecutorMainConfig:
     experiment: str | None = None
     """Experiment name for the manifest (default: the experiment file's name)."""
     log_level: str = "INFO"
-    """Logging level of Drydock's own messages on stderr: DEBUG, INFO, WARNING or ERROR."""
+    """Logging level of Drydock's own messages on stderr: DEBUG, INFO, WARNING, ERROR or CRITICAL."""
 
 
 def _resolve_prefix(prefix: str | None) -> str:
@@ -95,7 +96,7 @@ def _validate_options(config: ExecutorMainConfig) -> None:
     if logging.getLevelName(config.log_level.upper()) not in (10, 20, 30, 40, 50):
         raise StepDeclarationError(
             None,
-            f"unknown log level {config.log_level!r}; use DEBUG, INFO, WARNING or ERROR",
+            f"unknown log level {config.log_level!r}; use DEBUG, INFO, WARNING, ERROR or CRITICAL",
             field="--log_level",
         )
     if config.heartbeat_interval >= config.lease_timeout:
@@ -154,7 +155,9 @@ def run_experiment(
     dag, store, plan = prepare(steps, config)
     if config.dry_run:
         return plan
-    backend = _make_backend(config)
+    # A fully cached plan runs nothing: do not start Ray (seconds) just to find that out.
+    needs_backend = bool(plan.in_state(State.RUN, State.WAIT))
+    backend = _make_backend(config if needs_backend else ExecutorMainConfig(backend="local"))
     try:
         backend.validate(plan)
         store.storage.check_writable(dag.prefix)
@@ -246,6 +249,22 @@ def _sigterm_as_interrupt() -> Any:
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextmanager
+def _stdout_to_stderr() -> Any:
+    """With --json, stdout carries the JSON and nothing else: whatever steps print, from Python
+    or from native code and subprocesses (file descriptor 1), goes to stderr meanwhile."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 # Set by `drydock status FILE` so that the file's own executor_main call reports status instead.
 _COMMAND_OVERRIDE: dict[str, str] = {}
 
@@ -290,7 +309,11 @@ def _run_and_print(
 ) -> int:
     from pipeline.render import plan_table, print_table, run_summary
 
-    result = run_experiment(steps, config, description=description, source_file=source_file)
+    if config.json:
+        with _stdout_to_stderr():
+            result = run_experiment(steps, config, description=description, source_file=source_file)
+    else:
+        result = run_experiment(steps, config, description=description, source_file=source_file)
     if isinstance(result, Plan):
         previews = step_previews(result)
         if config.json:

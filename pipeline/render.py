@@ -62,8 +62,10 @@ def run_summary(report: RunReport) -> Table:
         detail = o.error or ""
         if o.blocked_by:
             detail = f"blocked by {report.plan.dag.nodes[o.blocked_by].name}"
-        elif o.state == State.CACHED or o.state == State.SKIPPED:
+        elif o.state in (State.CACHED, State.SKIPPED):
             detail = report.plan.steps[label].reason
+        elif o.state == State.CANCELLED:
+            detail = "interrupted" if o.started is not None else "not started (run interrupted)"
         duration = f"{o.duration:.1f}s" if o.duration is not None else ""
         table.add_row(_state(o.state), label, duration, detail)
     return table

@@ -29,6 +29,9 @@ class StepTask:
     resources: Resources
     output_path: str
     attempt: int = 1
+    """Attempt number within this run."""
+    token: int = 1
+    """The attempt's fencing token: unique and growing across runs (names log files)."""
 
 
 class Backend(abc.ABC):

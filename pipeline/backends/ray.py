@@ -19,7 +19,8 @@ Failures: a task lost with its node (node died, worker crashed, slice preempted)
 traceback. The executor records them and retries each on its own budget.
 
 Logs: the task is named after the step, so Ray streams its output to the console prefixed
-with the step name; a copy is written to `<output>/.logs/attempt-<n>[-slice-<s>-host-<h>].log`.
+with the step name; a copy is written to `<output>/.logs/attempt-<n>[-slice-<s>-host-<h>].log`, where
+<n> is the attempt's fencing token: it grows across runs, so a later run never overwrites a log.
 """
 
 from __future__ import annotations
@@ -28,9 +29,12 @@ import contextlib
 import io
 import logging
 import os
+import re
+import socket
 import sys
 import tempfile
 import threading
+import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -113,8 +117,11 @@ class _Tee(io.TextIOBase):
 
 @contextlib.contextmanager
 def _captured(log_path: str) -> Iterator[None]:
-    """Copy stdout, stderr and log records into `log_path` (any fsspec URL) while streaming them."""
-    with tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False) as local:
+    """Copy stdout, stderr and log records into `log_path` (any fsspec URL) while streaming them.
+
+    The copy is saved however the body ends: the log of a failed attempt matters most.
+    """
+    with tempfile.NamedTemporaryFile("w+", suffix=".log") as local:
         handler = logging.StreamHandler(local)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         root = logging.getLogger()
@@ -123,24 +130,28 @@ def _captured(log_path: str) -> Iterator[None]:
         sys.stdout, sys.stderr = _Tee(out, local), _Tee(err, local)
         try:
             yield
+        except BaseException:
+            traceback.print_exc(file=local)
+            raise
         finally:
             sys.stdout, sys.stderr = out, err
             root.removeHandler(handler)
             local.flush()
             local.seek(0)
-            data = local.read().encode()
-    try:
-        open_storage(log_path).write(log_path, data)
-    except Exception as e:  # a log copy must never fail the step
-        print(f"drydock: could not save the step log to {log_path}: {e}", file=sys.stderr)
-    finally:
-        os.unlink(local.name)
+            try:
+                open_storage(log_path).write(log_path, local.read().encode())
+            except Exception as e:  # a log copy must never change how the step ends
+                print(f"drydock: could not save the step log to {log_path}: {e}", file=sys.stderr)
 
 
 def _call_step(fn: Callable[[Any], Any], config: Any, log_path: str) -> None:
     """Runs on a Ray worker: the step function, with its output copied to the step's logs."""
     with _captured(log_path):
-        fn(config)
+        try:
+            fn(config)
+        except SystemExit as e:
+            # Left alone, SystemExit kills the Ray worker, which would look like a lost node.
+            raise RuntimeError(f"the step function called sys.exit({e.code!r})") from e
 
 
 class RayBackend(Backend):
@@ -154,10 +165,11 @@ class RayBackend(Backend):
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {"log_to_driver": True, "logging_level": logging.WARNING}
             if address:
+                _check_reachable(address)
                 ray.init(address=address, **kwargs)
             else:
                 # A private instance for this run ("local": never join another instance that
-                # happens to run on this machine), reachable on loopback only.
+                # happens to run on this machine), advertised on a loopback address.
                 ray.init(
                     address="local",
                     num_cpus=num_cpus,
@@ -197,7 +209,7 @@ class RayBackend(Backend):
                 self._run_tpu(task, tpu_slice(task.resources.tpu))
             else:
                 options = _task_options(task.resources)
-                self._wait([self._submit(task, options, f"attempt-{task.attempt}")], task)
+                self._wait([self._submit(task, options, f"attempt-{task.token}")], task)
         finally:
             with self._lock:
                 self._refs.pop(task.label, None)
@@ -238,7 +250,7 @@ class RayBackend(Backend):
         if isinstance(error, ray.exceptions.RayTaskError):
             cause = error.cause
             message = f"{type(cause).__name__}: {cause}" if cause is not None else str(error).splitlines()[0]
-            raise StepFailed(message, str(error)) from None
+            raise StepFailed(_plain(message), _plain(str(error))) from None
         raise error  # type: ignore[misc]
 
     def _run_tpu(self, task: StepTask, spec: TpuSlice) -> None:
@@ -288,7 +300,7 @@ class RayBackend(Backend):
                         ),
                         "runtime_env": _runtime_env(resources, env),
                     }
-                    refs.append(self._submit(task, options, f"attempt-{task.attempt}-slice-{s}-host-{h}"))
+                    refs.append(self._submit(task, options, f"attempt-{task.token}-slice-{s}-host-{h}"))
             self._wait(refs, task)
         finally:
             for group in groups:
@@ -315,6 +327,28 @@ class RayBackend(Backend):
     def close(self) -> None:
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _plain(text: str) -> str:
+    """Text without terminal colour codes (Ray colours its tracebacks)."""
+    return _ANSI.sub("", text)
+
+
+def _check_reachable(address: str, timeout: float = 10.0) -> None:
+    """Fail fast, instead of retrying for minutes, when a `host:port` cluster address is down."""
+    if "://" in address or address == "auto" or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return
+    except (OSError, ValueError) as e:
+        raise StepDeclarationError(
+            None, f"cannot reach a Ray cluster at {address!r}: {e}", field="--ray_address"
+        ) from e
 
 
 def _private_ip() -> str | None:

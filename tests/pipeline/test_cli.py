@@ -321,6 +321,33 @@ def test_status_shows_what_storage_says(tmp_path):
     assert drydock("run", str(exp), "--prefix", str(prefix), "--force", "layer1/s0").returncode == 0
 
 
+def test_json_stdout_stays_clean_when_steps_print(tmp_path):
+    exp = tmp_path / "printer.py"
+    exp.write_text(
+        "from pipeline import Step, executor_main, this_output, versioned\n"
+        "from tests.pipeline.stepfns import SleepConfig, sleep_then_write\n"
+        "config = SleepConfig(this_output(), versioned(0.0), started_file='/dev/stdout')\n"
+        "step = Step('noisy', sleep_then_write, config)\n"
+        "if __name__ == '__main__':\n    executor_main([step])\n"
+    )
+    result = drydock("run", str(exp), "--prefix", str(tmp_path / "prefix"), "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["steps"][0]["state"] == "SUCCEEDED"
+
+
+def test_a_fully_cached_run_does_not_start_ray(tmp_path):
+    exp, prefix = write_experiment(tmp_path), tmp_path / "prefix"
+    assert drydock("run", str(exp), "--prefix", str(prefix)).returncode == 0
+    code = textwrap.dedent(f"""
+        import sys
+        from pipeline.cli import run_file
+        code = run_file({str(exp)!r}, ["--prefix", {str(prefix)!r}, "--backend", "ray"])
+        print(code, "ray" in sys.modules)
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env(), cwd=ROOT)
+    assert result.stdout.strip().splitlines()[-1] == "0 False", result.stderr
+
+
 def test_engine_imports_no_ml_library(tmp_path):
     exp = write_experiment(tmp_path)
     code = textwrap.dedent(f"""

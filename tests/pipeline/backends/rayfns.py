@@ -71,3 +71,11 @@ def probe(config: ProbeConfig) -> None:
     slice_id = os.environ.get("DRYDOCK_TPU_SLICE_ID", "0")
     with open(os.path.join(config.output, f"probe-{slice_id}-{host_id}.json"), "w") as f:
         json.dump(info, f)
+
+
+def exit_now(config: ProbeConfig) -> None:
+    """A step that prints, then calls sys.exit(3)."""
+    import sys
+
+    print("about to exit", flush=True)
+    sys.exit(3)

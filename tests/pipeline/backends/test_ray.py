@@ -131,3 +131,37 @@ def test_cached_steps_need_no_resources(tmp_path):
     assert run([step], prefix).ok
     again = run([step], prefix)
     assert [o.state for o in again.outcomes.values()] == [State.CACHED]
+
+
+def test_sys_exit_is_a_failure_not_a_lost_node_and_failed_attempts_keep_their_log(tmp_path):
+    from tests.pipeline.backends.rayfns import exit_now
+
+    prefix = tmp_path / "prefix"
+    step = Step("probe/exits", exit_now, ProbeConfig(this_output()))
+    report = run([step], prefix)
+    (outcome,) = report.outcomes.values()
+    assert outcome.state == State.FAILED and outcome.attempts == 1
+    assert outcome.error == "RuntimeError: the step function called sys.exit(3)"
+    step_dir = only_dir(prefix, "probe/exits")
+    events = StepStore(LocalStorage()).events(str(step_dir))
+    assert [e.event for e in events] == [RUNNING, FAILED]
+    assert "\x1b[" not in events[-1].data["traceback"]  # no terminal colours in stored tracebacks
+    (log,) = (step_dir / ".logs").iterdir()
+    assert "about to exit" in log.read_text() and "SystemExit" in log.read_text()
+
+
+def test_an_unreachable_cluster_address_fails_fast(tmp_path):
+    import socket
+    import time
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    from pipeline.backends.ray import _check_reachable
+
+    started = time.monotonic()
+    with pytest.raises(
+        StepDeclarationError, match=r"field `--ray_address`: cannot reach a Ray cluster at '127\.0\.0\.1"
+    ):
+        _check_reachable(f"127.0.0.1:{port}", timeout=5)
+    assert time.monotonic() - started < 5
