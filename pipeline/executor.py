@@ -325,7 +325,15 @@ class _Execution:
             self.report(label, "RUNNING", f"attempt {attempt}" if attempt > 1 else "")
             self.backend.run(
                 StepTask(
-                    label, node.name, node.step.fn, config, node.step.resources, step_dir, attempt, token
+                    label,
+                    node.name,
+                    node.step.fn,
+                    config,
+                    node.step.resources,
+                    step_dir,
+                    attempt=attempt,
+                    token=token,
+                    run_id=self.owner.run_id,
                 )
             )
             if label in self.lost:

@@ -68,6 +68,9 @@ SUCCESS = "SUCCESS"
 FAILED = "FAILED"
 CANCELLED = "CANCELLED"
 PREEMPTED = "PREEMPTED"
+WARNING = "WARNING"
+NOTES = frozenset({WARNING})
+"""Events a running step reports about itself; they never change the step's state."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,6 +277,14 @@ class StatusEvent:
         return json.dumps(raw, sort_keys=True).encode() + b"\n"
 
 
+def last_state(events: tuple[StatusEvent, ...]) -> StatusEvent | None:
+    """The last event that is a state (RUNNING, SUCCESS, ...), not a note."""
+    for event in reversed(events):
+        if event.event not in NOTES:
+            return event
+    return None
+
+
 def parse_status(data: bytes | None, path: str = ".status") -> tuple[StatusEvent, ...]:
     """Events of a `.status` file. A final line without newline is a write in progress: skipped."""
     if not data:
@@ -316,12 +327,14 @@ class StepRecord:
 
     @property
     def last(self) -> StatusEvent | None:
-        return self.events[-1] if self.events else None
+        """The last state event (notes such as WARNING are skipped)."""
+        return last_state(self.events)
 
     @property
     def state(self) -> str | None:
-        """The last event's name, or None if the step never started here."""
-        return self.events[-1].event if self.events else None
+        """The last state event's name, or None if the step never started here."""
+        last = last_state(self.events)
+        return last.event if last else None
 
     @property
     def succeeded(self) -> bool:
@@ -368,7 +381,7 @@ class StepStore:
             return StepRecord(lease=self.lease(step_dir), corrupt=str(e))
         step_json = None
         lease = None
-        if events and events[-1].event == SUCCESS:
+        if (last := last_state(events)) is not None and last.event == SUCCESS:
             if with_metadata:
                 step_json = self.read_step_json(step_dir)
         else:
@@ -478,7 +491,8 @@ class StepStore:
 
     @staticmethod
     def _done(events: tuple[StatusEvent, ...], rerun_after: int | None) -> bool:
-        if not events or events[-1].event != SUCCESS:
+        last = last_state(events)
+        if last is None or last.event != SUCCESS:
             return False
         return rerun_after is None or len(events) > rerun_after
 
@@ -532,11 +546,27 @@ class StepStore:
         def add(old: bytes | None) -> bytes | None:
             current = parse_status(old, status_path)
             newest = max((e.token for e in current), default=0)
-            if newest != token or (current and current[-1].event == SUCCESS):
+            last = last_state(current)
+            if newest != token or (last is not None and last.event == SUCCESS):
                 return None
             return (old or b"") + line
 
         return self.storage.update(status_path, add) is not None
+
+    def note(
+        self,
+        step_dir: str,
+        run_id: str,
+        token: int,
+        event: str,
+        message: str,
+        data: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Append a note (e.g. WARNING) from a running attempt; False if that attempt is no longer current."""
+        if event not in NOTES:
+            raise ValueError(f"{event!r} is a state, not a note")
+        owner = Owner(run_id, "", 0, None)  # only the run id goes into the line
+        return self.append(step_dir, owner, token, event, message, data)
 
     def commit(self, step_dir: str, owner: Owner, token: int, data: Mapping[str, Any] | None = None) -> bool:
         """Write SUCCESS if and only if we still hold the lease. Then release it."""

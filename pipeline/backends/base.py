@@ -13,6 +13,7 @@ from typing import Any
 
 from pipeline.plan import Plan
 from pipeline.step import Resources
+from pipeline.step_events import StepContext
 
 __all__ = ["Backend", "StepTask"]
 
@@ -32,6 +33,13 @@ class StepTask:
     """Attempt number within this run."""
     token: int = 1
     """The attempt's fencing token: unique and growing across runs (names log files)."""
+    run_id: str = ""
+    """The executor's run id (for notes the step reports, see `pipeline.step_events`)."""
+
+    @property
+    def context(self) -> StepContext:
+        """What `pipeline.step_events` needs inside the step function."""
+        return StepContext(self.output_path, self.run_id, self.token)
 
 
 class Backend(abc.ABC):

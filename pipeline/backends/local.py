@@ -14,6 +14,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 
+from pipeline import step_events
 from pipeline.backends.base import Backend, StepTask
 from pipeline.errors import StepCancelled
 
@@ -45,7 +46,8 @@ class LocalBackend(Backend):
 
         def call() -> None:
             try:
-                task.fn(task.config)
+                with step_events.bind(task.context):
+                    task.fn(task.config)
             except BaseException as e:  # reported to the watcher, never lost in a thread
                 slot.error = e
             finally:

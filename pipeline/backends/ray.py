@@ -48,10 +48,12 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from pipeline import step_events
 from pipeline.backends.base import Backend, StepTask
 from pipeline.errors import StepCancelled, StepDeclarationError, StepFailed, StepPreempted
 from pipeline.plan import Plan, State
 from pipeline.step import Resources
+from pipeline.step_events import StepContext
 from pipeline.storage import open_storage
 from pipeline.tpu import TpuSlice, tpu_slice
 
@@ -144,9 +146,9 @@ def _captured(log_path: str) -> Iterator[None]:
                 print(f"drydock: could not save the step log to {log_path}: {e}", file=sys.stderr)
 
 
-def _call_step(fn: Callable[[Any], Any], config: Any, log_path: str) -> None:
+def _call_step(fn: Callable[[Any], Any], config: Any, log_path: str, context: StepContext) -> None:
     """Runs on a Ray worker: the step function, with its output copied to the step's logs."""
-    with _captured(log_path):
+    with _captured(log_path), step_events.bind(context):
         try:
             fn(config)
         except SystemExit as e:
@@ -217,7 +219,7 @@ class RayBackend(Backend):
     def _submit(self, task: StepTask, options: dict[str, Any], log_name: str) -> ray.ObjectRef:
         log_path = f"{task.output_path}/.logs/{log_name}.log"
         ref = self._remote.options(name=task.name, max_retries=0, **options).remote(
-            task.fn, task.config, log_path
+            task.fn, task.config, log_path, task.context
         )
         with self._lock:
             self._refs.setdefault(task.label, []).append(ref)

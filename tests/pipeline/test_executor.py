@@ -314,3 +314,14 @@ def test_corrupt_status_is_a_clear_error_and_force_reruns_it(tmp_path):
     (aside,) = status.parent.glob(".status.corrupt-*")
     assert aside.read_bytes().endswith(b"garbage\n")
     assert calls(counter, "b") == 2
+
+
+def test_a_step_reports_a_warning_note_without_changing_its_state(tmp_path):
+    step = Step("warns", stepfns.warn_then_write, WriteConfig(this_output(), versioned(1)))
+    report = run([step], tmp_path / "prefix")
+    assert report.ok
+    (label,) = report.outcomes
+    events = StepStore(LocalStorage()).events(report.plan.dag.nodes[label].output_path)
+    assert [e.event for e in events] == [RUNNING, "WARNING", SUCCESS]
+    assert events[1].message.startswith("loss spiked") and events[1].data == {"step": 7}
+    assert set(states(run([step], tmp_path / "prefix")).values()) == {State.CACHED}

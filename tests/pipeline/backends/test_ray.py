@@ -165,3 +165,13 @@ def test_an_unreachable_cluster_address_fails_fast(tmp_path):
     ):
         _check_reachable(f"127.0.0.1:{port}", timeout=5)
     assert time.monotonic() - started < 5
+
+
+def test_a_ray_step_reports_a_warning_note(tmp_path):
+    from tests.pipeline.stepfns import WriteConfig, warn_then_write
+
+    prefix = tmp_path / "prefix"
+    report = run([Step("warns", warn_then_write, WriteConfig(this_output(), versioned(2)))], prefix)
+    assert report.ok
+    events = StepStore(LocalStorage()).events(str(only_dir(prefix, "warns")))
+    assert [e.event for e in events] == [RUNNING, "WARNING", SUCCESS]
