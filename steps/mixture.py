@@ -248,9 +248,12 @@ def mixture(config: MixtureConfig) -> None:
     _write(f"{config.output}/mixture.json", json.dumps(table, indent=2))
 
 
-def preview(config: MixtureConfig) -> str:
+def preview(config: MixtureConfig) -> str | None:
     """The mixture table, for `drydock plan` once the tokenized components exist."""
-    stats = {name: _read_stats(name, path) for name, path in config.components.items()}
+    try:
+        stats = {name: _read_stats(name, path) for name, path in config.components.items()}
+    except MixtureError:
+        return None  # the components are not tokenized yet
     train_tokens = {name: s["splits"].get("train", {}).get("tokens", 0) for name, s in stats.items()}
     plan = plan_mixture(
         config.weights,

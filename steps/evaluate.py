@@ -1,0 +1,216 @@
+"""The `evaluate` step: loss, bits-per-byte and perplexity per validation set, from a checkpoint.
+
+Inputs are a train_moe step's output (its `checkpoints/` and `levanter_model.json`) and the
+validation sets of a mixture step's data config. `checkpoint_step=None` takes the latest
+complete checkpoint, so `output_of(train, blocking=False)` can evaluate a run that is still
+going. Outputs, under the step's directory:
+
+    results.json    per validation set and averaged: loss, bits_per_byte, perplexity; the
+                    checkpoint and its step
+    loss.png        the training loss curve from metrics.jsonl, with the evaluation points
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline import Resources, Step, output_of, this_output, versioned
+
+__all__ = ["EvaluateConfig", "evaluate", "evaluate_step"]
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    """Configuration of the evaluate step."""
+
+    train: str
+    """A train_moe step's output directory."""
+    data: str
+    """A mixture step's output directory: its validation sets are evaluated."""
+    output: str
+    """The step's output directory (`this_output()`)."""
+    checkpoint_step: int | None = None
+    """Evaluate `checkpoints/step-N`; None: the latest complete checkpoint."""
+    seq_len: int = 128
+    batch_size: int = 8
+    max_batches: int | None = None
+    """At most this many batches per validation set; None: all of it."""
+
+
+def evaluate_step(
+    name: str,
+    *,
+    train: Step,
+    data: Step,
+    seq_len: int,
+    batch_size: int = 8,
+    checkpoint_step: int | None = None,
+    max_batches: int | None = None,
+    blocking: bool = True,
+    resources: Resources | None = None,
+) -> Step:
+    """A ready evaluate `Step`. `blocking=False` evaluates a training run that is still going."""
+    return Step(
+        name=name,
+        fn=evaluate,
+        config=EvaluateConfig(
+            train=output_of(train, blocking=blocking),
+            data=output_of(data),
+            output=this_output(),
+            checkpoint_step=versioned(checkpoint_step),
+            seq_len=versioned(seq_len),
+            batch_size=batch_size,
+            max_batches=versioned(max_batches),
+        ),
+        description=f"evaluate {train.name}",
+        resources=resources or Resources(cpus=1),
+    )
+
+
+def _checkpoint(config: EvaluateConfig) -> tuple[str, int]:
+    from levanter.checkpoint import discover_latest_checkpoint
+
+    root = os.path.join(config.train, "checkpoints")
+    if config.checkpoint_step is not None:
+        path = os.path.join(root, f"step-{config.checkpoint_step}")
+        if not os.path.exists(os.path.join(path, "metadata.json")):
+            raise FileNotFoundError(
+                f"checkpoint_step {config.checkpoint_step}: no complete checkpoint at {path}"
+            )
+    else:
+        path = discover_latest_checkpoint(root) if os.path.exists(root) else None
+        if path is None:
+            raise FileNotFoundError(f"no complete checkpoint under {root} yet")
+    with open(os.path.join(path, "metadata.json")) as f:
+        return path, int(json.load(f)["step"])
+
+
+def evaluate(config: EvaluateConfig) -> dict[str, Any]:
+    """Evaluate a checkpoint on every validation set; write results.json and loss.png."""
+    os.environ.setdefault("MARIN_PREFIX", os.path.join(config.output, ".marin"))
+    import draccus
+    import equinox as eqx
+    import haliax as hax
+    import jax
+    import jax.numpy as jnp
+    from haliax import Axis
+    from haliax.partitioning import round_axis_for_partitioning
+    from levanter.checkpoint import load_checkpoint
+    from levanter.eval import TaggedEvaluator, eval_model
+    from levanter.models.lm_model import LmConfig
+    from levanter.models.mixtral import MixtralConfig
+    from levanter.trainer import TrainerConfig
+    from levanter.utils.tree_utils import inference_mode
+
+    from steps.mixture import load_data_config
+
+    data = load_data_config(config.data)
+    with open(os.path.join(config.train, "levanter_model.json")) as f:
+        model_config = draccus.decode(LmConfig, json.load(f))
+    if isinstance(model_config, MixtralConfig):
+        # Mixtral adds its auxiliary router losses to every position's loss: evaluate pure cross-entropy.
+        model_config = dataclasses.replace(model_config, lbl_coef=None, rzl_coef=None)
+    checkpoint, step = _checkpoint(config)
+    trainer = TrainerConfig(require_accelerator=False, per_device_eval_parallelism=config.batch_size)
+    mesh, compute, params = trainer.device_mesh, trainer.compute_axis_mapping, trainer.parameter_axis_mapping
+    tokenizer = data.the_tokenizer
+    started = time.time()
+    with hax.partitioning.set_mesh(mesh), hax.axis_mapping(params):
+        vocab = round_axis_for_partitioning(Axis("vocab", len(tokenizer)), params)
+        model = eqx.filter_eval_shape(model_config.build, vocab, key=jax.random.PRNGKey(0))
+        model = load_checkpoint(model, checkpoint, subpath="model")
+        model = hax.shard_with_axis_mapping(model, params)
+        pos = model_config.max_Pos.resize(config.seq_len)
+        tagged = data.tagged_eval_sets(pos)
+        if not tagged:
+            raise ValueError(f"the data config in {config.data} has no validation sets")
+
+        def loss_fn(m: Any, batch: Any) -> Any:
+            m = inference_mode(m, True)
+            per_position = m.compute_next_token_loss(batch, reduction=None, reduction_axis=()).array
+            return per_position, batch.loss_weight.array, jnp.roll(batch.tokens.array, -1, axis=-1)
+
+        evaluator = TaggedEvaluator(
+            Axis(trainer.batch_axis_name, config.batch_size),
+            tagged,
+            loss_fn,
+            tokenizer=tokenizer,
+            device_mesh=mesh,
+            axis_mapping=compute,
+            max_examples_per_dataset=None
+            if config.max_batches is None
+            else config.max_batches * config.batch_size,
+        )
+        metrics = eval_model(evaluator, model, prefix="eval")
+    sets = {}
+    for _, tags in tagged:
+        name = tags[-1]  # tagged_eval_sets puts the component name last
+        loss = float(metrics[f"eval/{name}/loss"])
+        bpb = metrics.get(f"eval/{name}/bpb")
+        sets[name] = {
+            "loss": loss,
+            "bits_per_byte": None if bpb is None else float(bpb),
+            "perplexity": math.exp(loss),
+        }
+    average = {
+        key: sum(s[key] for s in sets.values()) / len(sets)
+        if all(s[key] is not None for s in sets.values())
+        else None
+        for key in ("loss", "bits_per_byte", "perplexity")
+    }
+    result = {
+        "checkpoint": checkpoint,
+        "checkpoint_step": step,
+        "validation_sets": sets,
+        "average": average,
+        "seconds": time.time() - started,
+    }
+    os.makedirs(config.output, exist_ok=True)
+    with open(os.path.join(config.output, "results.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    plot_loss(
+        os.path.join(config.train, "metrics.jsonl"), os.path.join(config.output, "loss.png"), step, sets
+    )
+    return result
+
+
+def plot_loss(metrics_path: str, png_path: str, eval_step: int, sets: dict[str, dict[str, Any]]) -> None:
+    """The training loss curve, with the evaluation points of the run and of this step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps, losses, eval_steps, eval_losses = [], [], [], []
+    if os.path.exists(metrics_path):
+        with open(metrics_path) as f:
+            for line in f:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if "loss" in record:
+                    steps.append(record["step"])
+                    losses.append(record["loss"])
+                if "eval/loss" in record:
+                    eval_steps.append(record["step"])
+                    eval_losses.append(record["eval/loss"])
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    ax.plot(steps, losses, label="train loss", linewidth=1.2)
+    if eval_steps:
+        ax.plot(eval_steps, eval_losses, "o--", label="eval loss (during training)", markersize=4)
+    for name, values in sets.items():
+        ax.plot([eval_step], [values["loss"]], "s", markersize=7, label=f"{name} (this evaluation)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats/token)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png_path)
+    plt.close(fig)

@@ -1,0 +1,352 @@
+"""The `train_moe` step: train an MoE language model with Levanter's `train_lm`.
+
+Reads the data config a mixture step wrote, builds Levanter's `Qwen3MoeConfig` or
+`MixtralConfig` from a `MoeModelConfig`, and calls `levanter.main.train_lm.main` (there is no
+second trainer here). Under the step's output directory:
+
+    checkpoints/step-N/     Levanter checkpoints (every `checkpoint_interval` steps, the final one,
+                            and time-based ones every `checkpoint_minutes` for preemption)
+    metrics.jsonl           one line per step: step, loss, learning_rate, tokens_per_second,
+                            router_max_load_ratio, plus every Levanter metric by its own key
+    hf/step-N/              a Hugging Face export of the final model
+    levanter_model.json     the Levanter model config (the evaluate step rebuilds the model from it)
+    train_result.json       parameters, steps, where it resumed from, wall time
+
+A rerun after a crash or preemption resumes from the latest checkpoint in `checkpoints/` (the
+output directory is the same, since the identity is) and ends at the same step count. A loss
+above `spike_factor` times its recent median is recorded as a WARNING in the step's `.status`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+from pipeline import Resources, Step, output_of, this_output, versioned
+from steps.moe import MoeModelConfig, parameter_counts
+
+__all__ = ["OptimizerSpec", "TrainMoeConfig", "train_moe", "train_moe_step"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """Optimizer and learning-rate schedule (Levanter's AdamW or Muon)."""
+
+    name: Literal["adamw", "muon"] = "adamw"
+    learning_rate: float = 3e-3
+    """Peak learning rate (for Muon: of the 2-D weight matrices Muon updates)."""
+    adam_learning_rate: float = 3e-3
+    """Muon only: the AdamW learning rate of embeddings, LM head, norms and experts."""
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    warmup: float = 0.1
+    """Warm-up, as a fraction of the steps (or a step count if >= 1)."""
+    min_lr_ratio: float = 0.1
+    lr_schedule: str = "cosine"
+    max_grad_norm: float = 1.0
+
+
+@dataclass(frozen=True)
+class TrainMoeConfig:
+    """Configuration of the train_moe step."""
+
+    data: str
+    """The mixture step's output directory (its `data_config.yaml`)."""
+    output: str
+    """The step's output directory (`this_output()`)."""
+    model: MoeModelConfig = field(default_factory=MoeModelConfig)
+    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+    batch_size: int = 8
+    seq_len: int = 128
+    num_steps: int = 100
+    seed: int = 0
+    vocab_size: int | None = None
+    """Vocabulary size for parameter counts before the data exists; checked against the tokenizer."""
+    checkpoint_interval: int = 50
+    """Keep a checkpoint every this many steps (the final step is always saved)."""
+    checkpoint_minutes: float = 10.0
+    """Also save a temporary checkpoint this often, so preemption loses little."""
+    eval_interval: int = 50
+    max_eval_batches: int | None = 4
+    router_stats_interval: int = 10
+    """Log router load statistics every this many steps (0: never)."""
+    spike_factor: float | None = 3.0
+    """Warn when the loss exceeds this multiple of its median over the last `spike_window` steps."""
+    spike_window: int = 50
+    hf_export: bool = True
+    hub_offline: bool = True
+    """Never contact the Hugging Face hub while training. Levanter's HF export looks up the reference
+    model's config there; offline it derives the config from the model type instead (same weights)."""
+    wandb_project: str | None = None
+    """Also log to Weights & Biases (needs W&B configured on the machine)."""
+
+
+def train_moe_step(
+    name: str,
+    *,
+    data: Step | str,
+    model: MoeModelConfig,
+    optimizer: OptimizerSpec | None = None,
+    batch_size: int,
+    seq_len: int,
+    num_steps: int,
+    seed: int = 0,
+    vocab_size: int | None = None,
+    resources: Resources | None = None,
+    **options: Any,
+) -> Step:
+    """A ready train_moe `Step`: model, optimizer, data, batch, length, steps and seed are versioned.
+
+    `options` sets the unversioned fields of `TrainMoeConfig` (checkpointing, evaluation,
+    logging): changing them does not rerun training.
+    """
+    return Step(
+        name=name,
+        fn=train_moe,
+        config=TrainMoeConfig(
+            data=output_of(data) if isinstance(data, Step) else data,
+            output=this_output(),
+            model=versioned(model),
+            optimizer=versioned(optimizer or OptimizerSpec()),
+            batch_size=versioned(batch_size),
+            seq_len=versioned(seq_len),
+            num_steps=versioned(num_steps),
+            seed=versioned(seed),
+            vocab_size=vocab_size,
+            **options,
+        ),
+        description=f"train {model.family} {name}",
+        resources=resources or Resources(cpus=1),
+    )
+
+
+# -- summaries (no ML imports: used by plans) ----------------------------------------------------------
+
+
+def summarize(config: TrainMoeConfig, vocab_size: int | None) -> dict[str, Any]:
+    """Parameters, tokens and steps of a training config; what plans and manifests show."""
+    summary: dict[str, Any] = {
+        "family": config.model.family,
+        "num_train_steps": config.num_steps,
+        "train_tokens": config.num_steps * config.batch_size * config.seq_len,
+        "batch_size": config.batch_size,
+        "seq_len": config.seq_len,
+    }
+    if vocab_size is not None:
+        total, active = parameter_counts(config.model, vocab_size)
+        summary.update(total_params=total, active_params=active, vocab_size=vocab_size)
+    return summary
+
+
+def preview(config: TrainMoeConfig) -> dict[str, Any]:
+    """Shown by `drydock plan`: parameters (if the vocabulary is known), tokens, steps."""
+    return summarize(config, config.vocab_size or _tokenizer_size_if_known(config.data))
+
+
+def _tokenizer_size_if_known(data: str) -> int | None:
+    try:
+        import yaml
+
+        with open(os.path.join(data, "data_config.yaml")) as f:
+            tokenizer = yaml.safe_load(f).get("tokenizer")
+        with open(os.path.join(tokenizer, "tokenizer.json")) as f:
+            raw = json.load(f)
+        return len(raw["model"]["vocab"]) + sum(
+            1 for t in raw.get("added_tokens", []) if t["content"] not in raw["model"]["vocab"]
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+# -- the step function ------------------------------------------------------------------------------
+
+
+def _levanter_optimizer(spec: OptimizerSpec) -> Any:
+    schedule = dict(
+        warmup=spec.warmup,
+        min_lr_ratio=spec.min_lr_ratio,
+        lr_schedule=spec.lr_schedule,
+        weight_decay=spec.weight_decay,
+    )
+    if spec.name == "adamw":
+        from levanter.optim import AdamConfig
+
+        return AdamConfig(
+            learning_rate=spec.learning_rate,
+            beta1=spec.beta1,
+            beta2=spec.beta2,
+            max_grad_norm=spec.max_grad_norm,
+            **schedule,
+        )
+    if spec.name == "muon":
+        from levanter.optim.muon import MuonConfig
+
+        # In this Levanter the Muon rate is OptimizerConfig.learning_rate (MuonConfig.lr is unused).
+        return MuonConfig(
+            learning_rate=spec.learning_rate,
+            adam_lr=spec.adam_learning_rate,
+            beta1=spec.beta1,
+            beta2=spec.beta2,
+            max_grad_norm=spec.max_grad_norm,
+            **schedule,
+        )
+    raise ValueError(f"optimizer.name: unknown {spec.name!r}; use 'adamw' or 'muon'")
+
+
+def _check(config: TrainMoeConfig) -> None:
+    config.model.check()
+    for field_name in ("batch_size", "seq_len", "num_steps", "checkpoint_interval"):
+        if getattr(config, field_name) <= 0:
+            raise ValueError(f"{field_name} must be positive, got {getattr(config, field_name)}")
+
+
+def _latest_step(checkpoints: str) -> tuple[str | None, int | None]:
+    from levanter.checkpoint import discover_latest_checkpoint
+
+    if not os.path.exists(checkpoints):
+        return None, None
+    latest = discover_latest_checkpoint(checkpoints)
+    if latest is None:
+        return None, None
+    with open(os.path.join(latest, "metadata.json")) as f:
+        return latest, int(json.load(f)["step"])
+
+
+@contextlib.contextmanager
+def _hub_offline(offline: bool) -> Iterator[None]:
+    """Fail hub look-ups at once instead of retrying (minutes, on machines without network)."""
+    if not offline:
+        yield
+        return
+    import huggingface_hub.constants as hub
+
+    previous = hub.HF_HUB_OFFLINE
+    hub.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        hub.HF_HUB_OFFLINE = previous
+
+
+def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
+    """Train (or resume training) the model of `config` to `num_steps`."""
+    _check(config)
+    os.environ.setdefault("MARIN_PREFIX", os.path.join(config.output, ".marin"))
+    import draccus
+    from levanter.checkpoint import CheckpointerConfig
+    from levanter.main import train_lm
+    from levanter.main.train_lm import TrainLmConfig
+    from levanter.models.lm_model import LmConfig
+    from levanter.trainer import TrainerConfig
+
+    from steps.mixture import load_data_config
+    from steps.moe import to_levanter
+    from steps.training_hooks import (
+        JsonlTrackerConfig,
+        RouterStatsWatchConfig,
+        fix_mixtral_jit_log,
+        read_metrics,
+        write_metrics,
+    )
+
+    out = config.output
+    checkpoints = os.path.join(out, "checkpoints")
+    metrics = os.path.join(out, "metrics.jsonl")
+    data = load_data_config(config.data)
+    vocab = len(data.the_tokenizer)
+    if config.vocab_size is not None and config.vocab_size != vocab:
+        raise ValueError(f"vocab_size {config.vocab_size} does not match the tokenizer's {vocab} tokens")
+    model = to_levanter(config.model, config.seq_len, data.tokenizer)
+    if config.model.family == "mixtral":
+        fix_mixtral_jit_log()
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "levanter_model.json"), "w") as f:
+        json.dump(draccus.encode(model, LmConfig), f, indent=1)
+
+    _, resumed_from = _latest_step(checkpoints)
+    # Steps after the checkpoint we resume from are computed (and logged) again.
+    write_metrics(metrics, read_metrics(metrics, up_to=resumed_from) if resumed_from is not None else [])
+    trackers: list[Any] = [
+        JsonlTrackerConfig(path=metrics, spike_factor=config.spike_factor, spike_window=config.spike_window)
+    ]
+    if config.wandb_project:
+        from levanter.tracker.wandb import WandbConfig
+
+        trackers.append(WandbConfig(project=config.wandb_project))
+    watch: Any
+    if config.router_stats_interval > 0:
+        watch = RouterStatsWatchConfig(
+            interval=config.router_stats_interval,
+            data_config=data,
+            seq_len=config.seq_len,
+            batch_size=config.batch_size,
+        )
+    else:
+        from levanter.callbacks.watch import WatchConfig
+
+        watch = WatchConfig()
+    levanter_config = TrainLmConfig(
+        data=data,
+        model=model,
+        train_seq_len=config.seq_len,
+        optimizer=_levanter_optimizer(config.optimizer),
+        trainer=TrainerConfig(
+            id="train",
+            seed=config.seed,
+            num_train_steps=config.num_steps,
+            train_batch_size=config.batch_size,
+            steps_per_eval=config.eval_interval,
+            max_eval_batches=config.max_eval_batches,
+            tracker=tuple(trackers) if len(trackers) > 1 else trackers[0],
+            log_dir=Path(out) / "logs",
+            require_accelerator=False,
+            log_jaxprs=False,
+            log_xla_hlo=False,
+            watch=watch,
+            checkpointer=CheckpointerConfig(
+                base_path=checkpoints,
+                append_run_id_to_base_path=False,
+                save_interval=timedelta(minutes=config.checkpoint_minutes),
+                keep=[dict(every=config.checkpoint_interval)],
+            ),
+        ),
+        hf_save_path=os.path.join(out, "hf") if config.hf_export else None,
+        hf_save_steps=config.num_steps,
+        data_seed=config.seed,
+    )
+    started = time.time()
+    if resumed_from is not None and resumed_from >= config.num_steps - 1:
+        # Killed after training but before the commit: running train_lm again would only repeat
+        # its final hooks.
+        logger.info("training already reached step %s; nothing to resume", resumed_from)
+    else:
+        if resumed_from is not None:
+            print(f"train_moe: resuming from the checkpoint at step {resumed_from}", flush=True)
+        with _hub_offline(config.hub_offline):
+            train_lm.main(levanter_config)
+    write_metrics(metrics, read_metrics(metrics))  # one line per step from here on
+    final, final_step = _latest_step(checkpoints)
+    result = {
+        **summarize(config, vocab),
+        "resumed_from_step": resumed_from,
+        "final_checkpoint": final,
+        "final_step": final_step,
+        "wall_seconds": time.time() - started,
+    }
+    with open(os.path.join(out, "train_result.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    return result
+
+
+train_moe.preview = preview  # type: ignore[attr-defined]  # shown by `drydock plan` (pipeline.preview)

@@ -1,0 +1,365 @@
+"""What the train step adds to Levanter's trainer: a metrics.jsonl tracker with a loss-spike
+guard, router statistics for every MoE family, and the Mixtral differentiable-logging fix.
+
+Everything here plugs into Levanter through its own extension points (a registered
+`TrackerConfig`, a `WatchConfig` subclass); the one patch, `fix_mixtral_jit_log`, is applied
+only when a probe shows the bug it fixes is present.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import os
+import statistics
+import threading
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+import haliax as hax
+import jax
+import jax.numpy as jnp
+import levanter.tracker
+import levanter.tracker.tracker_fns as tracker_fns
+import numpy as np
+from levanter.callbacks.watch import WatchCallback, WatchConfig
+from levanter.tracker.tracker import NoopTracker, Tracker, TrackerConfig
+
+from pipeline import step_events
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "JsonlTrackerConfig",
+    "RouterStatsWatchConfig",
+    "fix_mixtral_jit_log",
+    "jit_log_breaks_grad",
+    "read_metrics",
+    "router_stats",
+    "write_metrics",
+]
+
+# Friendly names in metrics.jsonl for Levanter's keys.
+ALIASES = {
+    "train/loss": "loss",
+    "optim/learning_rate": "learning_rate",
+    "throughput/tokens_per_second": "tokens_per_second",
+    "router/max_load_ratio": "router_max_load_ratio",
+}
+
+
+# -- metrics.jsonl and the loss-spike guard ---------------------------------------------------------
+
+
+def _scalar(value: Any) -> Any:
+    if isinstance(value, jax.Array | np.ndarray | np.generic):
+        array = np.asarray(value)
+        return array.item() if array.size == 1 else None
+    if isinstance(value, int | float | str | bool) or value is None:
+        return value
+    return None  # histograms and summaries stay in Levanter's own trackers
+
+
+def _flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in metrics.items():
+        name = f"{prefix}/{key}" if prefix else str(key)
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, name))
+        elif (scalar := _scalar(value)) is not None:
+            out[name] = scalar
+    return out
+
+
+class SpikeGuard:
+    """Flags a loss above `factor` x the median of the last `window` losses."""
+
+    def __init__(self, factor: float, window: int, min_history: int = 10) -> None:
+        self.factor = factor
+        self.min_history = min_history
+        self._recent: deque[float] = deque(maxlen=window)
+
+    def check(self, loss: float) -> float | None:
+        """The recent median if `loss` is a spike, else None. The loss joins the history either way."""
+        spike = None
+        if len(self._recent) >= self.min_history:
+            median = statistics.median(self._recent)
+            if median > 0 and loss > self.factor * median:
+                spike = median
+        self._recent.append(loss)
+        return spike
+
+
+class JsonlTracker(Tracker):
+    """Appends every stepped metrics call to `path` at once, as `{"step": N, ...}`.
+
+    A step is logged in several calls; `read_metrics` merges them into one record per step (and
+    train_moe compacts the file that way when training ends). Writing at once matters: a record
+    held back until the next step would be lost by a kill right after a checkpoint, since the
+    resumed run starts at the following step. Values logged inside jit (step=None) arrive while
+    the next step runs, so they are held and written with the next stepped call.
+    """
+
+    name = "drydock_jsonl"
+
+    def __init__(self, path: str, spike_factor: float | None, spike_window: int) -> None:
+        self.path = path
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self._lock = threading.Lock()
+        self._unstepped: dict[str, Any] = {}
+        self._guard = SpikeGuard(spike_factor, spike_window) if spike_factor else None
+        # Captured here, in the step's thread: metrics may later arrive from callback threads.
+        self._context = step_events.current()
+
+    def log_hyperparameters(self, hparams: Mapping[str, Any]) -> None:
+        pass
+
+    def log(self, metrics: Mapping[str, Any], *, step: int | None, commit: bool | None = None) -> None:
+        flat = _flatten(metrics)
+        with self._lock:
+            if step is None:
+                self._unstepped.update(flat)
+                return
+            record = {"step": int(step), **self._unstepped, **flat}
+            self._unstepped = {}
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        loss = record.get("train/loss")
+        if self._guard is not None and isinstance(loss, int | float):
+            median = self._guard.check(float(loss))
+            if median is not None:
+                step_events.warn(
+                    f"loss spike at step {record['step']}: {loss:.4f} is {loss / median:.1f}x the recent "
+                    f"median {median:.4f}",
+                    {"step": record["step"], "loss": loss, "median": median},
+                    context=self._context,
+                )
+
+    def log_summary(self, metrics: Mapping[str, Any]) -> None:
+        with open(os.path.join(os.path.dirname(self.path), "summary.json"), "w") as f:
+            json.dump(_flatten(metrics), f, indent=1, default=str)
+
+    def log_artifact(self, artifact_path: Any, *, name: str | None = None, type: str | None = None) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+def read_metrics(path: str, *, up_to: int | None = None) -> list[dict[str, Any]]:
+    """One record per step, in step order, with the short aliases (`loss`, `learning_rate`, ...).
+
+    Lines of one step merge (later keys win); torn lines from a kill are skipped; with `up_to`,
+    steps after it are dropped (they will be computed again by a resumed run).
+    """
+    merged: dict[int, dict[str, Any]] = {}
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+                step = int(record["step"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            if up_to is None or step <= up_to:
+                merged.setdefault(step, {}).update(record)
+    out = []
+    for step in sorted(merged):
+        record = merged[step]
+        for key, alias in ALIASES.items():
+            if key in record:
+                record[alias] = record[key]
+        out.append(record)
+    return out
+
+
+def write_metrics(path: str, records: list[dict[str, Any]]) -> None:
+    """Replace `path` with `records`, one line each, atomically."""
+    with open(path + ".tmp", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    os.replace(path + ".tmp", path)
+
+
+@TrackerConfig.register_subclass("drydock_jsonl")
+@dataclasses.dataclass
+class JsonlTrackerConfig(TrackerConfig):
+    """Levanter tracker config for `JsonlTracker`."""
+
+    path: str = "metrics.jsonl"
+    spike_factor: float | None = 3.0
+    spike_window: int = 50
+
+    def init(self, run_id: str | None) -> Tracker:
+        if jax.process_index() != 0:
+            return NoopTracker()
+        return JsonlTracker(self.path, self.spike_factor, self.spike_window)
+
+
+# -- the Mixtral fix ----------------------------------------------------------------------------------
+
+_ORIGINAL_JIT_LOG = tracker_fns.jit_log
+
+
+def _differentiable_jit_log(metrics: Any, *, step: int | None = None) -> None:
+    # Same as Levanter's jit_log, with jax.debug.callback (which has a JVP rule and is called on
+    # primal values only) instead of io_callback (which has none).
+    if tracker_fns._global_tracker is None:
+        tracker_fns._log_missing_tracker_once()
+        return
+    if not tracker_fns._should_use_callback:
+        tracker_fns._global_tracker.log(metrics, step=step, commit=False)
+        return
+    jax.debug.callback(functools.partial(tracker_fns._do_jit_log, step=step), metrics)
+
+
+def jit_log_breaks_grad() -> bool:
+    """Whether `levanter.tracker.jit_log` inside a differentiated function fails (the Mixtral bug)."""
+
+    def f(x: jax.Array) -> jax.Array:
+        levanter.tracker.jit_log({"probe": x})
+        return x * x
+
+    with tracker_fns.current_tracker(NoopTracker()):
+        try:
+            jax.jit(jax.grad(f))(jnp.float32(1.0)).block_until_ready()
+        except ValueError as e:
+            if "do not support JVP" in str(e):
+                return True
+            raise
+    return False
+
+
+def fix_mixtral_jit_log() -> bool:
+    """Make Levanter's in-loss router logging differentiable, if (and only if) it is not.
+
+    Levanter's Mixtral calls `levanter.tracker.jit_log` inside the loss, and `jit_log` uses
+    `io_callback`, which cannot be differentiated: training fails at its first step with "IO
+    callbacks do not support JVP". Swapping the transport keeps every router statistic. Returns
+    whether the fix is in place; a Levanter that fixed the bug is left alone.
+    """
+    if levanter.tracker.jit_log is _differentiable_jit_log:
+        return True
+    if not jit_log_breaks_grad():
+        logger.info("levanter.tracker.jit_log is differentiable in this Levanter; no fix needed")
+        return False
+    logger.info("Mixtral: routing levanter.tracker.jit_log through jax.debug.callback (differentiable)")
+    tracker_fns.jit_log = _differentiable_jit_log
+    levanter.tracker.jit_log = _differentiable_jit_log
+    return True
+
+
+# -- router statistics -----------------------------------------------------------------------------
+
+
+def _loads(router_logits: Any, token: Any, experts: Any, k: int) -> jax.Array:
+    probs = jax.nn.softmax(router_logits.rearrange((token, experts)).array.astype(jnp.float32), axis=-1)
+    _, chosen = jax.lax.top_k(probs, k)
+    counts = jnp.bincount(chosen.reshape(-1), length=experts.size)
+    return counts / counts.sum()
+
+
+@hax.named_jit
+def router_stats(model: Any, tokens: Any, attn_mask: Any) -> dict[str, jax.Array]:
+    """Per-layer expert load (share of top-k assignments), max-load ratio and load entropy.
+
+    A forward replay of the decoder layers that reads each router, outside any gradient: it
+    works the same for Qwen3-MoE (which logs no router statistics itself) and Mixtral.
+    `max_load_ratio` is max_e(load_e) x experts: 1.0 is perfectly balanced.
+    """
+    from levanter.models.qwen3_moe import Qwen3MoeLMHeadModel
+
+    config = model.config
+    qwen = isinstance(model, Qwen3MoeLMHeadModel)
+    experts, k = config.Experts, config.num_experts_per_tok
+    x = model.embeddings.embed(tokens)
+    out: dict[str, jax.Array] = {}
+    ratios = []
+    for i, layer in enumerate(model.transformer.layers.unstacked()):
+        h = layer.input_layernorm(x)
+        x = x + layer.self_attn(x=h, mask=attn_mask, key=None)
+        h = layer.post_attention_layernorm(x)
+        moe = layer.mlp if qwen else layer.block_sparse_moe
+        flat = hax.flatten_axes(
+            h, old_axes=[h.resolve_axis("batch"), h.resolve_axis(config.max_Pos.name)], new_axis="token"
+        )
+        load = _loads(moe.gate(flat), flat.resolve_axis("token"), experts, k)
+        if qwen:
+            x = x + moe(h)
+        else:
+            moe_out, _ = moe(h)
+            shared = layer.shared_mlp(h) if layer.shared_mlp is not None else 0
+            x = x + shared + moe_out
+        ratio = load.max() * experts.size
+        ratios.append(ratio)
+        out[f"router/layer{i}/max_load_ratio"] = ratio
+        out[f"router/layer{i}/load_entropy"] = -(load * jnp.log(load + 1e-9)).sum()
+    out["router/max_load_ratio"] = jnp.max(jnp.stack(ratios))
+    out["router/mean_max_load_ratio"] = jnp.mean(jnp.stack(ratios))
+    return out
+
+
+class RouterStatsCallback(WatchCallback):
+    """Levanter's watch callback (gradient and parameter norms) plus `router_stats` on a fixed batch."""
+
+    def __init__(self, data_config: Any, seq_len: int, batch_size: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._data_config = data_config
+        self._seq_len = seq_len
+        self._batch_size = batch_size
+        self._batch: Any = None
+
+    def _probe_batch(self, model: Any) -> Any:
+        if self._batch is None:
+            from levanter.data import DataLoader
+            from levanter.utils.mesh import MeshConfig
+
+            pos = model.config.max_Pos.resize(self._seq_len)
+            sets = self._data_config.validation_sets(pos)
+            dataset = next(iter(sets.values())) if sets else None
+            if dataset is None:
+                from levanter.schedule import BatchSchedule
+
+                dataset = self._data_config.train_set(
+                    pos, BatchSchedule(self._batch_size), key=jax.random.PRNGKey(0)
+                )
+            # Hooks run under the parameter mapping; the loader needs the compute mapping.
+            loader = DataLoader(
+                dataset,
+                batch_size=self._batch_size,
+                mesh=hax.partitioning._get_mesh(),
+                axis_resources=MeshConfig().resolved_compute_mapping,
+            )
+            self._batch = next(iter(loader))
+        return self._batch
+
+    def on_step(self, step_info: Any, cb_info: Any) -> None:
+        super().on_step(step_info, cb_info)
+        model = step_info.eval_model
+        batch = self._probe_batch(model)
+        stats = router_stats(model, batch.tokens, batch.attn_mask)
+        levanter.tracker.log(jax.device_get(stats), step=int(step_info.step))
+
+
+@dataclasses.dataclass(frozen=True)
+class RouterStatsWatchConfig(WatchConfig):
+    """`TrainerConfig.watch` that also logs router statistics every `interval` steps."""
+
+    data_config: Any = None
+    seq_len: int = 128
+    batch_size: int = 8
+
+    def build(self) -> RouterStatsCallback:
+        return RouterStatsCallback(
+            self.data_config,
+            self.seq_len,
+            self.batch_size,
+            watch_targets=self.watch_targets,
+            include_norms=self.include_norms,
+            include_per_parameter_norms=self.include_per_parameter_norms,
+            include_histogram=self.include_histograms,
+            split_scan_layers=self.split_scan_layers,
+        )
