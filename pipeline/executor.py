@@ -320,6 +320,9 @@ class _Execution:
             config = resolved_config(self.dag, label)
             info = step_info(self.dag, label, config)
             info.update(self.options.run_info)
+            summary = _summary(node.step.fn, config)
+            if summary:
+                info["summary"] = summary
             info.update(run_id=self.owner.run_id, attempt=attempt, token=token, started=started)
             self.store.write_step_json(step_dir, info)
             self.report(label, "RUNNING", f"attempt {attempt}" if attempt > 1 else "")
@@ -361,6 +364,20 @@ class _Execution:
             self.heartbeat.remove(step_dir)
             # Whatever happened, the lease goes (a no-op if released above or no longer ours).
             self.store.release(step_dir, self.owner, token)
+
+
+def _summary(fn: Any, config: Any) -> dict[str, Any] | None:
+    """A step library's facts about this step (e.g. parameter counts) for `.step.json`: what its
+    `preview` (see `pipeline.preview`) returns, when that is a mapping."""
+    preview = getattr(fn, "preview", None)
+    if preview is None:
+        return None
+    try:
+        result = preview(config)
+    except Exception as e:  # facts for the record must never fail the step
+        logger.warning("preview of %s failed: %s", getattr(fn, "__qualname__", fn), e)
+        return None
+    return dict(result) if isinstance(result, Mapping) else None
 
 
 def _classify(error: BaseException) -> tuple[str, str, str, str | None]:

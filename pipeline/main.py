@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +30,7 @@ from pipeline.lease import Owner, is_stale
 from pipeline.manifest import build_manifest, experiment_name, manifest_path
 from pipeline.metadata import environment_info, step_info
 from pipeline.plan import Plan, State, make_plan
-from pipeline.preview import step_previews
+from pipeline.preview import format_preview, step_previews
 from pipeline.step import Step
 from pipeline.storage import StepStore, normalize_prefix, open_storage
 
@@ -319,13 +319,16 @@ def _run_and_print(
         if config.json:
             out = result.to_json(dry_run=True)
             for entry in out["steps"]:
-                if entry["label"] in previews:
-                    entry["preview"] = previews[entry["label"]]
+                preview = previews.get(entry["label"])
+                if isinstance(preview, Mapping):
+                    entry.update({k: v for k, v in preview.items() if k not in entry})
+                elif preview:
+                    entry["preview"] = preview
             print(json.dumps(out, indent=2))
         else:
             print_table(plan_table(result))
-            for label, text in previews.items():
-                print(f"\n{label}:\n{text}")
+            for label, preview in previews.items():
+                print(f"\n{label}:\n{format_preview(preview)}")
         return 0
     if config.json:
         out = result.plan.to_json(dry_run=False, exit_code=result.exit_code)

@@ -63,3 +63,20 @@ def test_tokenize_then_mix_with_a_preview_in_the_plan(tmp_path):
         (Path(plan.dag.nodes[plan.in_state(State.CACHED)[0]].output_path) / ".step.json").read_text()
     )
     assert step_json["identity"]["versioned"]["train"] == ["data/corpus/prose/train-*.jsonl"]
+
+
+def test_the_plan_shows_training_parameters_and_tokens_before_any_data_exists(tmp_path):
+    from steps.moe import MoeModelConfig, parameter_counts
+    from steps.train_moe import train_moe_step
+
+    model = MoeModelConfig(hidden_dim=64, expert_intermediate_dim=128, num_experts=8, num_experts_per_token=2)
+    train = train_moe_step(
+        "train/x", data=dag()[0], model=model, batch_size=8, seq_len=128, num_steps=500, vocab_size=1691
+    )
+    plan = run_experiment([train], ExecutorMainConfig(prefix=str(tmp_path / "p"), dry_run=True))
+    previews = step_previews(plan)
+    (label,) = [label for label in plan.steps if label.startswith("train/x-")]
+    total, active = parameter_counts(model, 1691)
+    assert previews[label]["total_params"] == total and previews[label]["active_params"] == active
+    assert previews[label]["train_tokens"] == 500 * 8 * 128 and previews[label]["num_train_steps"] == 500
+    assert not any(label.startswith("mixture/") for label in previews)  # its inputs do not exist yet

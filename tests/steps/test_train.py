@@ -32,8 +32,8 @@ from steps.train_moe import OptimizerSpec, train_moe_step
 ROOT = {root!r}
 def tok(domain):
     return tokenize_step(f"tokenized/{{domain}}", train=[f"data/corpus/{{domain}}/train-*.jsonl"],
-                         validation=[f"data/corpus/{{domain}}/validation-*.jsonl"], tokenizer="data/tokenizer",
-                         input_root=ROOT)
+                         validation=[f"data/corpus/{{domain}}/validation-*.jsonl"],
+                         tokenizer="data/tokenizer", input_root=ROOT)
 mix = mixture_step("mixture/test", components={{"prose": tok("prose"), "arithmetic": tok("arithmetic")}},
                    weights={{"prose": 0.5, "arithmetic": 0.5}}, target_tokens={steps} * 8 * 64,
                    batch_size=8, seq_len=64, validation=["prose", "arithmetic"])
@@ -79,6 +79,8 @@ def check_trained_and_evaluated(prefix: Path, model: MoeModelConfig, steps: int)
     assert result["final_step"] == steps - 1
     assert (result["total_params"], result["active_params"]) == parameter_counts(model, result["vocab_size"])
     assert (train / "hf" / f"step-{steps - 1}" / "config.json").exists()
+    summary = json.loads((train / ".step.json").read_text())["summary"]
+    assert summary["total_params"] == result["total_params"] and summary["num_train_steps"] == steps
     evaluation = json.loads((step_dir(prefix, "evaluate/test") / "results.json").read_text())
     assert set(evaluation["validation_sets"]) == {"prose", "arithmetic"}
     for values in evaluation["validation_sets"].values():
