@@ -350,3 +350,6 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
 
 
 train_moe.preview = preview  # type: ignore[attr-defined]  # shown by `drydock plan` (pipeline.preview)
+# Levanter's trainer leaves global state (tracker, log handlers) in its process: on Ray, give each
+# training its own worker process.
+train_moe.fresh_process = True  # type: ignore[attr-defined]

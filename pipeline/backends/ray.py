@@ -181,6 +181,7 @@ class RayBackend(Backend):
                 )
             self._owns_ray = True
         self._remote = ray.remote(_call_step)
+        self._remote_fresh = ray.remote(max_calls=1)(_call_step)
         self._lock = threading.Lock()
         self._refs: dict[str, list[ray.ObjectRef]] = {}
         self._cancelled: set[str] = set()
@@ -218,7 +219,10 @@ class RayBackend(Backend):
 
     def _submit(self, task: StepTask, options: dict[str, Any], log_name: str) -> ray.ObjectRef:
         log_path = f"{task.output_path}/.logs/{log_name}.log"
-        ref = self._remote.options(name=task.name, max_retries=0, **options).remote(
+        # A step function marked `fresh_process = True` (e.g. training, which leaves global state
+        # behind in its process) gets a worker that exits after the call.
+        remote = self._remote_fresh if getattr(task.fn, "fresh_process", False) else self._remote
+        ref = remote.options(name=task.name, max_retries=0, **options).remote(
             task.fn, task.config, log_path, task.context
         )
         with self._lock:

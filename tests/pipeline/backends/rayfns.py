@@ -79,3 +79,11 @@ def exit_now(config: ProbeConfig) -> None:
 
     print("about to exit", flush=True)
     sys.exit(3)
+
+
+def fresh_probe(config: ProbeConfig) -> None:
+    """`probe`, in a worker process of its own (see the Ray backend's `fresh_process`)."""
+    probe(config)
+
+
+fresh_probe.fresh_process = True  # type: ignore[attr-defined]

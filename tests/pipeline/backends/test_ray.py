@@ -175,3 +175,16 @@ def test_a_ray_step_reports_a_warning_note(tmp_path):
     assert report.ok
     events = StepStore(LocalStorage()).events(str(only_dir(prefix, "warns")))
     assert [e.event for e in events] == [RUNNING, "WARNING", SUCCESS]
+
+
+def test_fresh_process_steps_never_share_a_worker(tmp_path):
+    from tests.pipeline.backends.rayfns import fresh_probe
+
+    prefix = tmp_path / "prefix"
+    steps = [
+        Step(f"fresh/{i}", fresh_probe, ProbeConfig(this_output(), tags=versioned([str(i)])))
+        for i in range(3)
+    ]
+    assert run(steps, prefix, max_concurrent=1).ok
+    pids = {read_probe(only_dir(prefix, f"fresh/{i}"))["pid"] for i in range(3)}
+    assert len(pids) == 3
