@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXPERIMENT ?= experiments/hello.py
+EXPERIMENT ?= experiments/tiny_moe.py
 PYTEST_ARGS ?=
 
 .PHONY: run test test-fast lint bench lock clean

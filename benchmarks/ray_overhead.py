@@ -9,6 +9,12 @@ timing (its start-up is printed separately): the figure is the cost of a step, n
 
 from __future__ import annotations
 
+import sys
+
+# benchmarks/tokenize.py shadows the standard library's `tokenize` (used by `inspect` and
+# `traceback`) for scripts run from this directory: take the directory off the import path.
+sys.path[:] = [p for p in sys.path if p not in ("", __file__.rsplit("/", 1)[0])]
+
 import argparse
 import contextlib
 import io

@@ -292,12 +292,14 @@ class _Execution:
     # -- one attempt, in a worker thread ---------------------------------------------------------
 
     def _attempt(self, label: str, attempt: int) -> None:
+        # Exactly one event per attempt, whatever happens: the loop waits for it.
+        event = _Event(label, "failed", "internal error")
         try:
-            self.events.put(self._try(label, attempt))
-        except BaseException as e:  # never leave the loop waiting for an event that won't come
-            self.events.put(
-                _Event(label, "failed", f"internal error: {type(e).__name__}: {e}", traceback.format_exc())
-            )
+            event = self._try(label, attempt)
+        except BaseException as e:
+            event = _Event(label, "failed", f"internal error: {type(e).__name__}: {e}", _format_traceback(e))
+        finally:
+            self.events.put(event)
 
     def _try(self, label: str, attempt: int) -> _Event:
         node = self.dag.nodes[label]
@@ -380,6 +382,14 @@ def _summary(fn: Any, config: Any) -> dict[str, Any] | None:
     return dict(result) if isinstance(result, Mapping) else None
 
 
+def _format_traceback(error: BaseException) -> str:
+    """The traceback of `error`, or its repr if formatting fails too (e.g. a broken `linecache`)."""
+    try:
+        return "".join(traceback.format_exception(error))
+    except BaseException:
+        return repr(error)
+
+
 def _classify(error: BaseException) -> tuple[str, str, str, str | None]:
     """(event kind, status event, message, traceback) for an attempt that ended in `error`."""
     if isinstance(error, StepCancelled):
@@ -388,7 +398,7 @@ def _classify(error: BaseException) -> tuple[str, str, str, str | None]:
         return "preempted", PREEMPTED, str(error), None
     if isinstance(error, StepFailed):
         return "failed", FAILED, str(error), error.remote_traceback
-    return "failed", FAILED, f"{type(error).__name__}: {error}", traceback.format_exc()
+    return "failed", FAILED, f"{type(error).__name__}: {error}", _format_traceback(error)
 
 
 def _seconds(value: float | None) -> str:

@@ -239,52 +239,28 @@ def _hub_offline(offline: bool) -> Iterator[None]:
         hub.HF_HUB_OFFLINE = previous
 
 
-def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
-    """Train (or resume training) the model of `config` to `num_steps`."""
-    _check(config)
-    os.environ.setdefault("MARIN_PREFIX", os.path.join(config.output, ".marin"))
-    import draccus
+def levanter_train_config(config: TrainMoeConfig, data: Any, model: Any) -> Any:
+    """The `TrainLmConfig` that train_moe hands to Levanter's `train_lm.main` for `config`."""
+    from levanter.callbacks.watch import WatchConfig
     from levanter.checkpoint import CheckpointerConfig
-    from levanter.main import train_lm
     from levanter.main.train_lm import TrainLmConfig
-    from levanter.models.lm_model import LmConfig
     from levanter.trainer import TrainerConfig
 
-    from steps.mixture import load_data_config
-    from steps.moe import to_levanter
-    from steps.training_hooks import (
-        JsonlTrackerConfig,
-        RouterStatsWatchConfig,
-        fix_mixtral_jit_log,
-        read_metrics,
-        write_metrics,
-    )
+    from steps.training_hooks import JsonlTrackerConfig, RouterStatsWatchConfig
 
     out = config.output
-    checkpoints = os.path.join(out, "checkpoints")
-    metrics = os.path.join(out, "metrics.jsonl")
-    data = load_data_config(config.data)
-    vocab = len(data.the_tokenizer)
-    if config.vocab_size is not None and config.vocab_size != vocab:
-        raise ValueError(f"vocab_size {config.vocab_size} does not match the tokenizer's {vocab} tokens")
-    model = to_levanter(config.model, config.seq_len, data.tokenizer)
-    if config.model.family == "mixtral":
-        fix_mixtral_jit_log()
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "levanter_model.json"), "w") as f:
-        json.dump(draccus.encode(model, LmConfig), f, indent=1)
-
-    _, resumed_from = _latest_step(checkpoints)
-    # Steps after the checkpoint we resume from are computed (and logged) again.
-    write_metrics(metrics, read_metrics(metrics, up_to=resumed_from) if resumed_from is not None else [])
     trackers: list[Any] = [
-        JsonlTrackerConfig(path=metrics, spike_factor=config.spike_factor, spike_window=config.spike_window)
+        JsonlTrackerConfig(
+            path=os.path.join(out, "metrics.jsonl"),
+            spike_factor=config.spike_factor,
+            spike_window=config.spike_window,
+        )
     ]
     if config.wandb_project:
         from levanter.tracker.wandb import WandbConfig
 
         trackers.append(WandbConfig(project=config.wandb_project))
-    watch: Any
+    watch: Any = WatchConfig()
     if config.router_stats_interval > 0:
         watch = RouterStatsWatchConfig(
             interval=config.router_stats_interval,
@@ -292,11 +268,7 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
             seq_len=config.seq_len,
             batch_size=config.batch_size,
         )
-    else:
-        from levanter.callbacks.watch import WatchConfig
-
-        watch = WatchConfig()
-    levanter_config = TrainLmConfig(
+    return TrainLmConfig(
         data=data,
         model=model,
         train_seq_len=config.seq_len,
@@ -315,7 +287,7 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
             log_xla_hlo=False,
             watch=watch,
             checkpointer=CheckpointerConfig(
-                base_path=checkpoints,
+                base_path=os.path.join(out, "checkpoints"),
                 append_run_id_to_base_path=False,
                 save_interval=timedelta(minutes=config.checkpoint_minutes),
                 keep=[dict(every=config.checkpoint_interval)],
@@ -325,6 +297,38 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
         hf_save_steps=config.num_steps,
         data_seed=config.seed,
     )
+
+
+def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
+    """Train (or resume training) the model of `config` to `num_steps`."""
+    _check(config)
+    os.environ.setdefault("MARIN_PREFIX", os.path.join(config.output, ".marin"))
+    import draccus
+    from levanter.main import train_lm
+    from levanter.models.lm_model import LmConfig
+
+    from steps.mixture import load_data_config
+    from steps.moe import to_levanter
+    from steps.training_hooks import fix_mixtral_jit_log, read_metrics, write_metrics
+
+    out = config.output
+    checkpoints = os.path.join(out, "checkpoints")
+    metrics = os.path.join(out, "metrics.jsonl")
+    data = load_data_config(config.data)
+    vocab = len(data.the_tokenizer)
+    if config.vocab_size is not None and config.vocab_size != vocab:
+        raise ValueError(f"vocab_size {config.vocab_size} does not match the tokenizer's {vocab} tokens")
+    model = to_levanter(config.model, config.seq_len, data.tokenizer)
+    if config.model.family == "mixtral":
+        fix_mixtral_jit_log()
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "levanter_model.json"), "w") as f:
+        json.dump(draccus.encode(model, LmConfig), f, indent=1)
+
+    _, resumed_from = _latest_step(checkpoints)
+    # Steps after the checkpoint we resume from are computed (and logged) again.
+    write_metrics(metrics, read_metrics(metrics, up_to=resumed_from) if resumed_from is not None else [])
+    levanter_config = levanter_train_config(config, data, model)
     started = time.time()
     if resumed_from is not None and resumed_from >= config.num_steps - 1:
         # Killed after training but before the commit: running train_lm again would only repeat

@@ -141,3 +141,12 @@ def warn_then_write(config: WriteConfig) -> None:
 
     step_events.warn("loss spiked to 9.0 (3.0x the recent median)", {"step": 7})
     write_value(config)
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("cannot even describe this error")
+
+
+def fail_unprintably(config: FailConfig) -> None:
+    raise Unprintable()

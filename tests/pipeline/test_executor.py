@@ -325,3 +325,10 @@ def test_a_step_reports_a_warning_note_without_changing_its_state(tmp_path):
     assert [e.event for e in events] == [RUNNING, "WARNING", SUCCESS]
     assert events[1].message.startswith("loss spiked") and events[1].data == {"step": 7}
     assert set(states(run([step], tmp_path / "prefix")).values()) == {State.CACHED}
+
+
+def test_an_attempt_always_reports_even_when_describing_its_error_fails(tmp_path):
+    # The loop waits for one event per attempt; an error in the error path must not hang the run.
+    step = Step("weird", stepfns.fail_unprintably, FailConfig(this_output()))
+    (outcome,) = run([step], tmp_path / "prefix").outcomes.values()
+    assert outcome.state == State.FAILED and outcome.error.startswith("internal error")
