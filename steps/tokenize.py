@@ -13,9 +13,10 @@ Output layout, read directly by Levanter's `LmDataConfig` (`DatasetComponent(cac
     <output>/validation/...                      the same for validation inputs
     <output>/stats.json                          documents, tokens, bytes per split and per input file
 
-Each input file is one shard. Shards are tokenized in parallel: as Ray tasks when the step runs
-on a Ray worker, else by `num_workers` local processes, else in this process (the `tokenizers`
-library already uses every core inside `encode_batch`). A shard is complete once its marker is
+Each input file is one shard. By default shards are tokenized one after another in the step's
+process (the `tokenizers` library already uses every core inside `encode_batch`); with
+`num_workers > 1` they run in parallel, as Ray tasks when the step runs on a Ray worker (fanning
+out over a cluster), else in local processes. A shard is complete once its marker is
 written; a rerun after a crash or preemption skips complete shards and redoes the rest.
 
 Every document becomes `[bos] + tokens + [eos]` (bos only if the tokenizer has one), as
@@ -76,7 +77,8 @@ class TokenizeConfig:
     """Directory that relative input paths are under (default: the working directory). Kept out of
     identity so that a recipe's identities do not depend on where its checkout lives."""
     num_workers: int = 1
-    """Local processes tokenizing shards in parallel (on a Ray worker, shards are Ray tasks)."""
+    """Shards tokenized at once. 1: one after another in the step's process (`encode_batch` already
+    uses every core). More: as Ray tasks when the step runs on a Ray worker, else local processes."""
     batch_size: int = 1024
     """Documents per `encode_batch` call."""
 
@@ -203,10 +205,11 @@ def _tokenize_split(config: TokenizeConfig, split: str, files: list[tuple[str, s
 
 
 def _map(fn: Callable[..., ShardStats], args: list[tuple], num_workers: int) -> Iterator[ShardStats]:
-    """Run shards: as Ray tasks on a Ray worker, in processes if asked, else here."""
+    """Run shards here one by one, or with `num_workers > 1` in parallel: as Ray tasks when this
+    step runs on a Ray worker, else in local processes."""
     if not args:
         return
-    ray = _ray_if_worker()
+    ray = _ray_if_worker() if num_workers > 1 else None
     if ray is not None and len(args) > 1:
         remote = ray.remote(num_cpus=1)(fn)
         pending = [remote.remote(*a) for a in args]

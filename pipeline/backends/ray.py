@@ -116,6 +116,13 @@ class _Tee(io.TextIOBase):
         for stream in self._streams:
             stream.flush()
 
+    def fileno(self) -> int:
+        # Libraries that write at the file-descriptor level (faulthandler, C code) get the real stream.
+        return self._streams[0].fileno()
+
+    def isatty(self) -> bool:
+        return False
+
 
 @contextlib.contextmanager
 def _captured(log_path: str) -> Iterator[None]:

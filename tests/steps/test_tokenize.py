@@ -237,3 +237,18 @@ def test_killed_mid_way_the_rerun_redoes_only_unfinished_shards(tmp_path, tokeni
     assert {k: after[k] for k in before} == before  # finished shards were not redone
     assert set(after) == {"part-00000", "part-00001", "part-00002", "part-00003"}
     assert json.loads((step_dir / "stats.json").read_text())["splits"]["train"]["documents"] == 200
+
+
+def test_shards_in_parallel_processes_give_the_same_cache(tmp_path, tokenizer_dir):
+    files = [write_jsonl(tmp_path / "in" / f"s{i}.jsonl", make_docs(30, seed=i)) for i in range(3)]
+    serial = TokenizeConfig(
+        train=[str(f) for f in files], tokenizer=tokenizer_dir, output=str(tmp_path / "a")
+    )
+    parallel = TokenizeConfig(
+        train=[str(f) for f in files], tokenizer=tokenizer_dir, output=str(tmp_path / "b"), num_workers=2
+    )
+    tokenize(serial)
+    tokenize(parallel)
+    a, b = load_cache(str(tmp_path / "a" / "train")), load_cache(str(tmp_path / "b" / "train"))
+    assert len(a) == len(b) == 90
+    assert all(list(a[i]["input_ids"]) == list(b[i]["input_ids"]) for i in range(90))

@@ -1,0 +1,46 @@
+"""The default experiment end to end, as `make run` runs it: on the default (Ray) backend."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from steps.training_hooks import read_metrics
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(prefix: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}
+    return subprocess.run(
+        [sys.executable, "experiments/tiny_moe.py", "--prefix", str(prefix), *extra],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+def test_tiny_moe_learns_and_a_rerun_does_nothing(tmp_path):
+    prefix = tmp_path / "runs"
+    first = run(prefix)
+    assert first.returncode == 0, first.stderr[-4000:]
+    (train,) = prefix.glob("train/tiny-qwen3-moe-*")
+    losses = [r["loss"] for r in read_metrics(str(train / "metrics.jsonl")) if "loss" in r]
+    (evaluation,) = prefix.glob("evaluate/tiny-qwen3-moe-*")
+    results = json.loads((evaluation / "results.json").read_text())
+    # The model really learns: evaluation loss far below where training started.
+    assert results["average"]["loss"] < 0.3 * losses[0], (losses[0], results["average"])
+    for values in results["validation_sets"].values():
+        assert values["loss"] < 0.5 * losses[0]
+    second = run(prefix, "--json")
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert {s["state"] for s in json.loads(second.stdout)["steps"]} == {"CACHED"}
