@@ -15,6 +15,7 @@ import logging
 import os
 import statistics
 import threading
+import time
 from collections import deque
 from collections.abc import Mapping
 from typing import Any
@@ -123,7 +124,7 @@ class JsonlTracker(Tracker):
             if step is None:
                 self._unstepped.update(flat)
                 return
-            record = {"step": int(step), **self._unstepped, **flat}
+            record = {"step": int(step), **self._unstepped, **flat, "wall_time": time.time()}
             self._unstepped = {}
             with open(self.path, "a") as f:
                 f.write(json.dumps(record) + "\n")
