@@ -198,15 +198,7 @@ def mixture(config: MixtureConfig) -> None:
     tokenizers = {s["tokenizer"] for s in stats.values()}
     if len(tokenizers) != 1:
         raise MixtureError(f"components were tokenized with different tokenizers: {sorted(tokenizers)}")
-    train_tokens = {name: s["splits"].get("train", {}).get("tokens", 0) for name, s in stats.items()}
-    plan = plan_mixture(
-        config.weights,
-        train_tokens,
-        target_tokens=config.target_tokens,
-        batch_size=config.batch_size,
-        seq_len=config.seq_len,
-        max_epochs=config.max_epochs,
-    )
+    plan, train_tokens = _plan(config, stats)
     for name in config.validation:
         if name not in stats:
             raise MixtureError(f"validation: unknown component {name!r}; known: {sorted(stats)}")
@@ -254,6 +246,11 @@ def preview(config: MixtureConfig) -> str | None:
         stats = {name: _read_stats(name, path) for name, path in config.components.items()}
     except MixtureError:
         return None  # the components are not tokenized yet
+    return format_mixture(*_plan(config, stats))
+
+
+def _plan(config: MixtureConfig, stats: Mapping[str, Any]) -> tuple[MixturePlan, dict[str, int]]:
+    """The mixture arithmetic for `config`, from the components' stats.json."""
     train_tokens = {name: s["splits"].get("train", {}).get("tokens", 0) for name, s in stats.items()}
     plan = plan_mixture(
         config.weights,
@@ -263,7 +260,7 @@ def preview(config: MixtureConfig) -> str | None:
         seq_len=config.seq_len,
         max_epochs=config.max_epochs,
     )
-    return format_mixture(plan, train_tokens)
+    return plan, train_tokens
 
 
 def format_mixture(plan: MixturePlan, train_tokens: Mapping[str, int]) -> str:
