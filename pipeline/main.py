@@ -11,6 +11,7 @@ without the command line and without exiting, for tests and other tools.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -125,19 +126,27 @@ def prepare(
     """Build the DAG, read the prefix, and plan. Reads storage, writes nothing."""
     _validate_options(config)
     prefix = _resolve_prefix(config.prefix)
-    dag = build_dag(list(steps), prefix)
-    store = StepStore(open_storage(prefix))
-    snapshot = store.records(node.output_path for node in dag.nodes.values())
-    plan = make_plan(
-        dag,
-        snapshot,
-        now=time.time(),
-        local_host=Owner.current().host,
-        only=config.only,
-        force=config.force,
-        current_info=lambda label: step_info(dag, label),
-        strict=strict,
-    )
+    # Planning allocates many small, acyclic objects: the cyclic garbage collector only slows it
+    # (a third of the time from 10,000 steps up), so it waits until the plan is made.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        dag = build_dag(list(steps), prefix)
+        store = StepStore(open_storage(prefix))
+        snapshot = store.records(node.output_path for node in dag.nodes.values())
+        plan = make_plan(
+            dag,
+            snapshot,
+            now=time.time(),
+            local_host=Owner.current().host,
+            only=config.only,
+            force=config.force,
+            current_info=lambda label: step_info(dag, label),
+            strict=strict,
+        )
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     return dag, store, plan
 
 

@@ -103,9 +103,14 @@ def step_info(dag: Dag, label: str, config: Any | None = None) -> dict[str, Any]
     }
 
 
+@functools.lru_cache(maxsize=4096)
+def _source_file_cached(fn: Callable[..., Any]) -> str | None:
+    return inspect.getsourcefile(fn)
+
+
 def _source_file(fn: Callable[..., Any]) -> str | None:
     try:
-        return inspect.getsourcefile(fn)
+        return _source_file_cached(fn)
     except TypeError:
         return None
 

@@ -113,7 +113,8 @@ class Resources:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready description, for plans and manifests."""
-        out = dataclasses.asdict(self)
+        # Field by field: dataclasses.asdict deep-copies, which planning 100,000 steps notices.
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["custom"] = dict(self.custom)
         out["env"] = dict(self.env)
         out["pip"] = list(self.pip)
