@@ -47,6 +47,26 @@ if __name__ == "__main__":
 """
 
 
+QWEN = dict(
+    family="qwen3_moe",
+    hidden_dim=64,
+    expert_intermediate_dim=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    num_experts=4,
+    num_experts_per_token=2,
+    qk_norm=True,
+)
+
+
+def train_and_evaluate(exp: Path, prefix: Path) -> None:
+    result = subprocess.run(
+        command(exp, prefix), env=env(), cwd=ROOT, capture_output=True, text=True, timeout=900
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
 def experiment(tmp_path: Path, model: dict, optimizer: dict, steps: int) -> Path:
     path = tmp_path / "exp.py"
     path.write_text(EXPERIMENT.format(root=str(ROOT), model=model, optimizer=optimizer, steps=steps))
@@ -89,22 +109,9 @@ def check_trained_and_evaluated(prefix: Path, model: MoeModelConfig, steps: int)
 
 
 def test_tiny_qwen3_moe_trains_and_evaluates(tmp_path):
-    model = dict(
-        family="qwen3_moe",
-        hidden_dim=64,
-        expert_intermediate_dim=128,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        num_experts=4,
-        num_experts_per_token=2,
-        qk_norm=True,
-    )
+    model = dict(QWEN)
     exp = experiment(tmp_path, model, dict(name="adamw", learning_rate=3e-3, warmup=0.1), steps=40)
-    result = subprocess.run(
-        command(exp, tmp_path / "prefix"), env=env(), cwd=ROOT, capture_output=True, text=True, timeout=900
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    train_and_evaluate(exp, tmp_path / "prefix")
     check_trained_and_evaluated(tmp_path / "prefix", MoeModelConfig(**model), 40)
 
 
@@ -123,10 +130,7 @@ def test_tiny_mixtral_with_a_shared_expert_trains_with_muon(tmp_path):
     )
     optimizer = dict(name="muon", learning_rate=0.02, adam_learning_rate=3e-3, weight_decay=0.0, warmup=0.1)
     exp = experiment(tmp_path, model, optimizer, steps=40)
-    result = subprocess.run(
-        command(exp, tmp_path / "prefix"), env=env(), cwd=ROOT, capture_output=True, text=True, timeout=900
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    train_and_evaluate(exp, tmp_path / "prefix")
     check_trained_and_evaluated(tmp_path / "prefix", MoeModelConfig(**model), 40)
     # Mixtral's own router statistics (logged inside the loss) survive the fix.
     records = read_metrics(str(step_dir(tmp_path / "prefix", "train/test") / "metrics.jsonl"))
@@ -134,17 +138,7 @@ def test_tiny_mixtral_with_a_shared_expert_trains_with_muon(tmp_path):
 
 
 def test_killed_after_a_checkpoint_the_rerun_resumes_and_ends_at_the_same_step(tmp_path):
-    model = dict(
-        family="qwen3_moe",
-        hidden_dim=64,
-        expert_intermediate_dim=128,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        num_experts=4,
-        num_experts_per_token=2,
-        qk_norm=True,
-    )
+    model = dict(QWEN)
     exp = experiment(tmp_path, model, dict(name="adamw", learning_rate=3e-3), steps=60)
     prefix = tmp_path / "prefix"
     proc = subprocess.Popen(
@@ -158,10 +152,7 @@ def test_killed_after_a_checkpoint_the_rerun_resumes_and_ends_at_the_same_step(t
     proc.wait(30)
     train = step_dir(prefix, "train/test")
     assert not (train / "train_result.json").exists()
-    result = subprocess.run(
-        command(exp, prefix), env=env(), cwd=ROOT, capture_output=True, text=True, timeout=900
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    train_and_evaluate(exp, prefix)
     outcome = json.loads((train / "train_result.json").read_text())
     assert outcome["resumed_from_step"] >= 20
     assert outcome["final_step"] == 59
