@@ -245,8 +245,23 @@ def preview(config: MixtureConfig) -> str | None:
     try:
         stats = {name: _read_stats(name, path) for name, path in config.components.items()}
     except MixtureError:
-        return None  # the components are not tokenized yet
+        return _format_phases(config)  # not tokenized yet: the schedule, without token counts
     return format_mixture(*_plan(config, stats))
+
+
+def _format_phases(config: MixtureConfig) -> str:
+    """The weight schedule alone, normalized, for plans made before the components exist."""
+    stages = [(0, config.weights)] if isinstance(config.weights, Mapping) else list(config.weights)
+    steps = math.ceil(config.target_tokens / (config.batch_size * config.seq_len))
+    lines = [
+        f"{steps:,} steps, {config.target_tokens:,} tokens; {len(stages)} phase(s) "
+        "(tokens and epochs per component once the components are tokenized)"
+    ]
+    for start, weights in stages:
+        total = sum(weights.values()) or 1.0
+        shown = ", ".join(f"{name} {w / total:.3f}" for name, w in sorted(weights.items()))
+        lines.append(f"  from step {start:,}: {shown}")
+    return "\n".join(lines)
 
 
 def _plan(config: MixtureConfig, stats: Mapping[str, Any]) -> tuple[MixturePlan, dict[str, int]]:

@@ -1,0 +1,42 @@
+"""The hero recipe plans on a laptop, without its data, with the figures it promises."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_plan_lists_every_step_with_parameters_tokens_and_steps(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "plan",
+            "experiments/moe_535b_a23b.py",
+            "--prefix",
+            str(tmp_path),
+            "--json",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    steps = {s["name"]: s for s in json.loads(result.stdout)["steps"]}
+    assert len(steps) == 8 and {s["state"] for s in steps.values()} == {"RUN"}
+    train = steps["train/moe-535b-a23b"]
+    assert abs(train["total_params"] / 535e9 - 1) < 0.03
+    assert abs(train["active_params"] / 23e9 - 1) < 0.03
+    assert train["num_train_steps"] == 390_140
+    assert train["train_tokens"] == 390_140 * 11_264 * 4_096 >= 18 * 10**12
+    assert "3 phase(s)" in steps["mixture/535b-a23b"]["preview"]
+    assert not tmp_path.joinpath("tokenized").exists()  # planning writes nothing
