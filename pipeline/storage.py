@@ -110,12 +110,6 @@ class Storage:
                 self.write(path, new)
             return new
 
-    def exists(self, path: str) -> bool:
-        return bool(self.fs.exists(path))
-
-    def makedirs(self, path: str) -> None:
-        self.fs.makedirs(path, exist_ok=True)
-
     def listdir(self, path: str) -> list[str]:
         """Base names of the entries directly inside `path` ([] if it does not exist)."""
         try:
@@ -123,9 +117,6 @@ class Storage:
         except FileNotFoundError:
             return []
         return [e.rstrip("/").rsplit("/", 1)[-1] for e in entries]
-
-    def glob(self, pattern: str) -> list[str]:
-        return sorted(self.fs.glob(pattern))
 
     def check_writable(self, prefix: str) -> None:
         """Raise a StorageError unless files can be created under `prefix`."""
@@ -197,12 +188,6 @@ class LocalStorage(Storage):
             return new
         finally:
             os.close(fd)  # closing releases the flock
-
-    def exists(self, path: str) -> bool:
-        return os.path.exists(self._local(path))
-
-    def makedirs(self, path: str) -> None:
-        os.makedirs(self._local(path), exist_ok=True)
 
     def listdir(self, path: str) -> list[str]:
         try:
