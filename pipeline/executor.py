@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -24,6 +25,7 @@ from typing import Any
 
 from pipeline.backends.base import Backend, StepTask
 from pipeline.errors import StepCancelled, StepFailed, StepPreempted
+from pipeline.fence import LeaseExpired
 from pipeline.heartbeat import Heartbeat
 from pipeline.lease import Owner, is_stale
 from pipeline.metadata import resolved_config, step_info
@@ -104,13 +106,28 @@ class _Event:
 
 
 class Reporter:
-    """Prints one line per state change. The CLI passes a rich console; tests a list."""
+    """Prints one line per state change. The CLI passes a rich console; tests a list.
 
-    def __init__(self, emit: Callable[[str], None] | None = None) -> None:
+    With `total` (the steps this run will run or wait for), a step's final line carries the
+    run's count so far, `SUCCEEDED  [3/12] train/x-...  41.20s`: progress without extra lines.
+    """
+
+    FINAL = frozenset({"SUCCEEDED", "FAILED", "BLOCKED", "CANCELLED"})
+
+    def __init__(self, emit: Callable[[str], None] | None = None, total: int | None = None) -> None:
         self._emit = emit or (lambda line: logger.info("%s", line))
+        self._total = total
+        self._finished: set[str] = set()
+        self._lock = threading.Lock()  # attempts report RUNNING from worker threads
 
     def __call__(self, label: str, what: str, detail: str = "") -> None:
-        self._emit(f"{what:<10} {label}" + (f"  {detail}" if detail else ""))
+        count = ""
+        # A failure that will be retried is not final; its line says "retrying".
+        if self._total and what in self.FINAL and not detail.endswith("retrying"):
+            with self._lock:
+                self._finished.add(label)
+                count = f"[{len(self._finished)}/{self._total}] "
+        self._emit(f"{what:<10} {count}{label}" + (f"  {detail}" if detail else ""))
 
 
 def execute(
@@ -304,6 +321,7 @@ class _Execution:
     def _try(self, label: str, attempt: int) -> _Event:
         node = self.dag.nodes[label]
         step_dir = node.output_path
+        asked = self.clock()  # the lease taken below expires no earlier than asked + lease_timeout
         taken = self.store.acquire(
             step_dir,
             self.owner,
@@ -316,7 +334,7 @@ class _Execution:
         if isinstance(taken, Held):
             return _Event(label, "held", f"held by {taken.lease.describe()}")
         token = taken.token
-        self.heartbeat.add(step_dir, label, token)
+        self.heartbeat.add(step_dir, label, token, since=asked)
         started = self.clock()
         try:
             config = resolved_config(self.dag, label)
@@ -339,6 +357,8 @@ class _Execution:
                     attempt=attempt,
                     token=token,
                     run_id=self.owner.run_id,
+                    lease_remaining=lambda: self.heartbeat.valid_until(step_dir) - self.clock(),
+                    lease_poll=_lease_poll(self.options),
                 )
             )
             if label in self.lost:
@@ -355,8 +375,11 @@ class _Execution:
             return _Event(label, "succeeded", started=started, ended=ended)
         # SystemExit: a step calling sys.exit() has failed; it must not stop the executor.
         except (Exception, SystemExit, StepCancelled) as e:
-            if label in self.lost:
-                return _Event(label, "lost", "lease lost; step stopped, result discarded", started=started)
+            # A step whose writes the fence refused ran past its lease (pipeline/fence.py): lost,
+            # like a lease the heartbeat found taken, which it may not have noticed yet.
+            if label in self.lost or isinstance(e, LeaseExpired):
+                why = "lease expired; writes refused" if label not in self.lost else "lease lost"
+                return _Event(label, "lost", f"{why}; step stopped, result discarded", started=started)
             kind, status, message, tb = _classify(e)
             self.store.append(
                 step_dir, self.owner, token, status, message, data={"traceback": tb} if tb else None
@@ -366,6 +389,13 @@ class _Execution:
             self.heartbeat.remove(step_dir)
             # Whatever happened, the lease goes (a no-op if released above or no longer ours).
             self.store.release(step_dir, self.owner, token)
+
+
+def _lease_poll(options: ExecutionOptions) -> float:
+    """How often a step in another process re-reads its lease to fence its writes: often enough
+    that it sees each renewal before the expiry it last read, i.e. poll + heartbeat < timeout."""
+    margin = options.lease_timeout - options.heartbeat_interval
+    return max(0.05, min(options.lease_timeout / 4, margin / 2))
 
 
 def _summary(fn: Any, config: Any) -> dict[str, Any] | None:

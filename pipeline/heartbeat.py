@@ -60,13 +60,22 @@ class Heartbeat:
         if self._thread.is_alive():
             self._thread.join()
 
-    def add(self, step_dir: str, label: str, token: int) -> None:
+    def add(self, step_dir: str, label: str, token: int, since: float | None = None) -> None:
+        """Keep the lease on `step_dir` alive; `since`: when it was taken (read before taking it,
+        so that `valid_until` never runs past the expiry written in `.lease`); default now."""
         with self._lock:
-            self._held[step_dir] = _Held(label, token, self._clock())
+            self._held[step_dir] = _Held(label, token, self._clock() if since is None else since)
 
     def remove(self, step_dir: str) -> None:
         with self._lock:
             self._held.pop(step_dir, None)
+
+    def valid_until(self, step_dir: str) -> float:
+        """Until when (this heartbeat's clock) our lease on `step_dir` is surely still ours;
+        -inf once it is not held (lost, or the attempt ended)."""
+        with self._lock:
+            entry = self._held.get(step_dir)
+            return float("-inf") if entry is None else entry.renewed_at + self._ttl
 
     def held(self) -> dict[str, tuple[str, int]]:
         """Step directory -> (label, token) of every lease held now."""
@@ -78,13 +87,16 @@ class Heartbeat:
         with self._lock:
             held = list(self._held.items())
         for step_dir, entry in held:
+            # Read before renewing: the renewed lease expires at (no earlier than) before + ttl,
+            # so `valid_until` never promises more than `.lease` says.
+            before = self._clock()
             try:
                 ok = self._store.renew(step_dir, self._owner, entry.token, self._ttl)
             except Exception as e:  # storage hiccup: retry next beat unless the lease has run out
                 logger.warning("could not renew the lease of %s: %s", entry.label, e)
                 ok = self._clock() - entry.renewed_at < self._ttl
             else:
-                entry.renewed_at = self._clock() if ok else entry.renewed_at
+                entry.renewed_at = before if ok else entry.renewed_at
             if not ok:
                 with self._lock:
                     self._held.pop(step_dir, None)

@@ -35,6 +35,15 @@ class StepTask:
     """The attempt's fencing token: unique and growing across runs (names log files)."""
     run_id: str = ""
     """The executor's run id (for notes the step reports, see `pipeline.step_events`)."""
+    lease_remaining: Callable[[], float] | None = None
+    """Seconds this attempt's lease is surely still held, as the executor's heartbeat knows it
+    (zero or less once it may have expired). Backends running the step in the executor's process
+    fence the step's writes with it (`pipeline.fence`); None: no fence."""
+    lease_poll: float | None = None
+    """For backends running the step in another process: how often that process re-reads the
+    step's `.lease` to fence the step's writes at the lease's expiry (see `pipeline.fence`).
+    Must leave the executor's renewals time to land: poll + heartbeat interval < lease timeout.
+    None: no fence."""
 
     @property
     def context(self) -> StepContext:

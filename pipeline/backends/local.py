@@ -5,10 +5,16 @@ by the executor thread that holds the step's lease; `cancel` wakes the watcher a
 raises `StepCancelled` inside the function's thread. Python delivers that exception at the
 function's next Python instruction, so a function blocked inside C code stops when it returns
 to Python; either way its result is never committed.
+
+When the task carries a lease deadline, the function's thread is fenced (`pipeline.fence`): once
+the lease may have expired, its file writes are refused with `LeaseExpired`. That covers a
+runner frozen past its lease, whose function resumes before its heartbeat notices the loss.
+Threads the function starts itself are not fenced (they do not share its context).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import threading
@@ -17,6 +23,7 @@ from dataclasses import dataclass, field
 from pipeline import step_events
 from pipeline.backends.base import Backend, StepTask
 from pipeline.errors import StepCancelled
+from pipeline.fence import Fence, LeaseExpired, fenced_thread
 
 __all__ = ["LocalBackend"]
 
@@ -43,10 +50,11 @@ class LocalBackend(Backend):
 
     def run(self, task: StepTask) -> None:
         slot = _Running()
+        fence = Fence(task.lease_remaining, task.label) if task.lease_remaining is not None else None
 
         def call() -> None:
             try:
-                with step_events.bind(task.context):
+                with step_events.bind(task.context), _fenced(fence):
                     task.fn(task.config)
             except BaseException as e:  # reported to the watcher, never lost in a thread
                 slot.error = e
@@ -64,6 +72,10 @@ class LocalBackend(Backend):
                 self._running.pop(task.label, None)
         if slot.cancelled:
             raise StepCancelled(task.label)
+        if fence is not None and fence.tripped:
+            # However the function ended (it may have caught the refusal, or failed because of
+            # it), a refused write means its output is incomplete and its lease may be gone.
+            raise LeaseExpired(f"step {task.label}: the lease may have expired; refused {fence.refused}")
         if slot.error is not None:
             raise slot.error
 
@@ -79,3 +91,7 @@ class LocalBackend(Backend):
                 ctypes.c_ulong(thread.ident), ctypes.py_object(StepCancelled)
             )
         slot.wake.set()
+
+
+def _fenced(fence: Fence | None) -> contextlib.AbstractContextManager[object]:
+    return fenced_thread(fence) if fence is not None else contextlib.nullcontext()

@@ -18,6 +18,15 @@ Failures: a task lost with its node (node died, worker crashed, slice preempted)
 `StepPreempted`; an exception in the step function raises `StepFailed` with the remote
 traceback. The executor records them and retries each on its own budget.
 
+Fencing: while a task runs, a watcher thread in its worker re-reads the step's `.lease` every
+`StepTask.lease_poll` seconds, and the worker refuses the step's file writes (`pipeline.fence`,
+process-wide: the worker runs only this task, and threads the step starts are fenced too) once
+the lease's `expires` has passed or the lease is no longer this attempt's. A live driver renews
+the lease before then, so it never trips; a frozen driver stops renewing, and its worker stops
+writing when the lease expires, which is when another runner may take the step over (assuming
+the worker's clock is not behind that runner's by more than the time it takes to take over). A
+fenced task raises `FencedWrite`, which the driver reports as `LeaseExpired`: a lost lease.
+
 Logs: the task is named after the step, so Ray streams its output to the console prefixed
 with the step name; a copy is written to `<output>/.logs/attempt-<n>[-slice-<s>-host-<h>].log`, where
 <n> is the attempt's fencing token: it grows across runs, so a later run never overwrites a log.
@@ -34,6 +43,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -51,13 +61,14 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from pipeline import step_events
 from pipeline.backends.base import Backend, StepTask
 from pipeline.errors import StepCancelled, StepDeclarationError, StepFailed, StepPreempted
+from pipeline.fence import Fence, LeaseExpired, fenced_process, watch_lease
 from pipeline.plan import Plan, State
 from pipeline.step import Resources
 from pipeline.step_events import StepContext
-from pipeline.storage import open_storage
+from pipeline.storage import StepStore, open_storage
 from pipeline.tpu import TpuSlice, tpu_slice
 
-__all__ = ["RayBackend", "parse_memory"]
+__all__ = ["FencedWrite", "RayBackend", "parse_memory"]
 
 logger = logging.getLogger(__name__)
 
@@ -124,11 +135,17 @@ class _Tee(io.TextIOBase):
         return False
 
 
+class FencedWrite(Exception):
+    """Raised by a Ray task whose step tried to write after its lease expired (the write was
+    refused). An `Exception`, unlike `LeaseExpired`, so that Ray reports it as the task's error."""
+
+
 @contextlib.contextmanager
-def _captured(log_path: str) -> Iterator[None]:
+def _captured(log_path: str, fence: Fence | None = None) -> Iterator[None]:
     """Copy stdout, stderr and log records into `log_path` (any fsspec URL) while streaming them.
 
-    The copy is saved however the body ends: the log of a failed attempt matters most.
+    The copy is saved however the body ends: the log of a failed attempt matters most; but not
+    once the attempt's lease may have expired, since the step directory may be another runner's.
     """
     with tempfile.NamedTemporaryFile("w+", suffix=".log") as local:
         handler = logging.StreamHandler(local)
@@ -148,19 +165,74 @@ def _captured(log_path: str) -> Iterator[None]:
             local.flush()
             local.seek(0)
             try:
+                if fence is not None and fence.remaining() <= 0:
+                    raise LeaseExpired("the lease may have expired")
                 open_storage(log_path).write(log_path, local.read().encode())
-            except Exception as e:  # a log copy must never change how the step ends
+            except (Exception, LeaseExpired) as e:  # a log copy must never change how the step ends
                 print(f"drydock: could not save the step log to {log_path}: {e}", file=sys.stderr)
 
 
-def _call_step(fn: Callable[[Any], Any], config: Any, log_path: str, context: StepContext) -> None:
-    """Runs on a Ray worker: the step function, with its output copied to the step's logs."""
-    with _captured(log_path), step_events.bind(context):
-        try:
-            fn(config)
-        except SystemExit as e:
-            # Left alone, SystemExit kills the Ray worker, which would look like a lost node.
-            raise RuntimeError(f"the step function called sys.exit({e.code!r})") from e
+def _lease_deadline(context: StepContext) -> Callable[[], float | None]:
+    """Reads when this attempt's lease expires; -inf once it is released or another attempt's;
+    None for an empty or partial record (local disk rewrites `.lease` in place under a lock that
+    readers do not take), which tells nothing."""
+    store = StepStore(open_storage(context.output_path))
+
+    def read() -> float | None:
+        lease = store.lease(context.output_path)
+        if lease is None:
+            return None
+        if lease.released or (lease.run_id, lease.token) != (context.run_id, context.token):
+            return float("-inf")
+        return lease.expires
+
+    return read
+
+
+@contextlib.contextmanager
+def _lease_watch(
+    context: StepContext, poll: float | None, valid_until: float | None, label: str
+) -> Iterator[Fence | None]:
+    """A fence kept at the lease's expiry while the body runs (None without `poll`); until `.lease`
+    is read, the deadline is `valid_until`, what the driver knew when it submitted the task."""
+    if poll is None:
+        yield None
+        return
+    initial = float("-inf") if valid_until is None else valid_until
+    with watch_lease(_lease_deadline(context), poll, label, initial=initial) as fence:
+        yield fence
+
+
+def _call_step(
+    fn: Callable[[Any], Any],
+    config: Any,
+    log_path: str,
+    context: StepContext,
+    lease_poll: float | None = None,
+    valid_until: float | None = None,
+    label: str = "",
+) -> None:
+    """Runs on a Ray worker: the step function, fenced by its lease, its output copied to the step's logs."""
+    try:
+        # The process fence is innermost: the log's local temporary file is made and removed
+        # outside it, and the log copy checks the fence itself.
+        with (
+            _lease_watch(context, lease_poll, valid_until, label) as fence,
+            _captured(log_path, fence),
+            step_events.bind(context),
+            fenced_process(fence) if fence is not None else contextlib.nullcontext(),
+        ):
+            try:
+                fn(config)
+            except SystemExit as e:
+                # Left alone, SystemExit kills the Ray worker, which would look like a lost node.
+                raise RuntimeError(f"the step function called sys.exit({e.code!r})") from e
+    except LeaseExpired as e:
+        raise FencedWrite(str(e)) from None
+    if fence is not None and fence.tripped:
+        # The function returned although a write was refused (it caught the refusal, or a thread
+        # of its own hit it): its output is incomplete.
+        raise FencedWrite(f"step {label}: the lease may have expired; refused {fence.refused}")
 
 
 class RayBackend(Backend):
@@ -229,8 +301,11 @@ class RayBackend(Backend):
         # A step function marked `fresh_process = True` (e.g. training, which leaves global state
         # behind in its process) gets a worker that exits after the call.
         remote = self._remote_fresh if getattr(task.fn, "fresh_process", False) else self._remote
+        # The lease's deadline as the driver knows it now, on the wall clock the worker compares
+        # `.lease`'s `expires` with.
+        valid_until = time.time() + task.lease_remaining() if task.lease_remaining is not None else None
         ref = remote.options(name=task.name, max_retries=0, **options).remote(
-            task.fn, task.config, log_path, task.context
+            task.fn, task.config, log_path, task.context, task.lease_poll, valid_until, task.label
         )
         with self._lock:
             self._refs.setdefault(task.label, []).append(ref)
@@ -260,6 +335,8 @@ class RayBackend(Backend):
             raise StepCancelled(task.label) from None
         if isinstance(error, _PREEMPTION_ERRORS):
             raise StepPreempted(f"{type(error).__name__}: {str(error).splitlines()[0]}") from None
+        if isinstance(error, ray.exceptions.RayTaskError) and isinstance(error.cause, FencedWrite):
+            raise LeaseExpired(str(error.cause)) from None
         if isinstance(error, ray.exceptions.RayTaskError):
             cause = error.cause
             message = f"{type(cause).__name__}: {cause}" if cause is not None else str(error).splitlines()[0]
