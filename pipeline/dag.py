@@ -11,6 +11,7 @@ collapse into one node. No I/O.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -121,6 +122,14 @@ def _validate_step(step: Any, referrer: str | None = None) -> None:
             "module level so that remote workers can import them",
             field="fn",
         )
+    if not _importable(fn):
+        raise StepDeclarationError(
+            step.name,
+            f"fn {fn.__module__}:{qualname} is not importable (module {fn.__module__!r} is not loaded "
+            "or does not hold it under that name); define step functions at module level of a "
+            "module that remote workers can import",
+            field="fn",
+        )
     if step.version is not None and not isinstance(step.version, str):
         raise StepDeclarationError(
             step.name, f"version must be a string, got {step.version!r}", field="version"
@@ -131,6 +140,22 @@ def _validate_step(step: Any, referrer: str | None = None) -> None:
             f"resources must be a Resources, got {type(step.resources).__name__}",
             field="resources",
         )
+
+
+RECIPE_MODULE = "__drydock_recipe__"
+"""The module name under which `drydock rerun` executes a recorded experiment file (pipeline.recipe).
+It is never registered in sys.modules, so workers receive its functions by value, as they do
+the functions of an experiment file run as `__main__`."""
+
+
+def _importable(fn: Any) -> bool:
+    """Whether `module:qualname` of `fn` leads back to `fn`, as unpickling on a worker does."""
+    if fn.__module__ == RECIPE_MODULE:
+        return True
+    target: Any = sys.modules.get(fn.__module__)
+    for part in fn.__qualname__.split("."):
+        target = getattr(target, part, None)
+    return target is fn
 
 
 def _validate_sub(step: str, path: str, sub: Any) -> None:

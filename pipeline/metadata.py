@@ -121,13 +121,16 @@ def config_drift(
     """Human notes on how a cached step's recorded config and code differ from the current ones."""
     if stored is None:
         return ["metadata missing (.step.json); identity matches"]
-    if stored.get("__corrupt__"):
+    # A hand-edited file may be any JSON: never trust its shape (identity is in the path anyway).
+    if not isinstance(stored, Mapping) or stored.get("__corrupt__"):
         return [".step.json is unreadable; identity matches"]
     notes = []
-    old_fn, new_fn = stored.get("fn", {}), current["fn"]
+    old_fn, new_fn = stored.get("fn"), current["fn"]
+    old_fn = old_fn if isinstance(old_fn, Mapping) else {}
     if old_fn.get("fingerprint") and old_fn.get("fingerprint") != new_fn["fingerprint"]:
         notes.append(f"code of `{new_fn['import_path'].rsplit(':', 1)[-1]}` changed since")
-    old_cfg = relativize(stored.get("config", {}), stored.get("prefix", ""))
+    old_prefix = stored.get("prefix")
+    old_cfg = relativize(stored.get("config", {}), old_prefix if isinstance(old_prefix, str) else "")
     new_cfg = relativize(current["config"], current["prefix"])
     changes = _diff(old_cfg, new_cfg, "")
     for path, old, new in changes[:limit]:

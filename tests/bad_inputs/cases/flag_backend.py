@@ -1,0 +1,11 @@
+"""An unknown backend."""
+
+# expect: field `--backend`: unknown backend 'spark'
+# args: --backend spark
+from pipeline import Step, executor_main, this_output, versioned
+from tests.pipeline.stepfns import WriteConfig, write_value
+
+step = Step("ok/step", write_value, WriteConfig(this_output(), versioned(1)))
+
+if __name__ == "__main__":
+    executor_main([step])

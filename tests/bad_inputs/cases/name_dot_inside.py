@@ -1,0 +1,11 @@
+"""A name with a '..' part in the middle."""
+
+# expect: step 'data/../../x', field `name`: name part '..'
+# args:
+from pipeline import Step, executor_main, this_output
+from tests.pipeline.stepfns import WriteConfig, write_value
+
+step = Step("data/../../x", write_value, WriteConfig(this_output()))
+
+if __name__ == "__main__":
+    executor_main([step])

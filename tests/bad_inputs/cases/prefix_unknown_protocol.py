@@ -1,0 +1,11 @@
+"""A prefix on a filesystem protocol nobody implements."""
+
+# expect: cannot open filesystem 'nosuch'
+# args: --prefix nosuch://bucket/runs
+from pipeline import Step, executor_main, this_output, versioned
+from tests.pipeline.stepfns import WriteConfig, write_value
+
+step = Step("ok/step", write_value, WriteConfig(this_output(), versioned(1)))
+
+if __name__ == "__main__":
+    executor_main([step])
