@@ -1,8 +1,10 @@
-"""Human-readable views of plans, runs and step statuses (rich tables). No logic of its own."""
+"""Human-readable views of plans and runs (rich tables). No logic of its own.
+
+The status table lives in `pipeline.status_view`, DAG pictures in `pipeline.dag_render`.
+"""
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Mapping
 
 from rich.console import Console
@@ -11,9 +13,8 @@ from rich.text import Text
 
 from pipeline.executor import RunReport
 from pipeline.plan import Plan, State
-from pipeline.storage import StepRecord
 
-__all__ = ["plan_table", "run_summary", "status_table"]
+__all__ = ["plan_table", "print_table", "run_summary"]
 
 _STYLE = {
     State.CACHED: "green",
@@ -31,8 +32,12 @@ def _state(state: State) -> Text:
     return Text(state.value, style=_STYLE.get(state, ""))
 
 
-def plan_table(plan: Plan, title: str = "Plan") -> Table:
-    """One row per step: state, step, reason and drift notes, output directory."""
+def plan_table(plan: Plan, title: str = "Plan", explanations: Mapping[str, str] | None = None) -> Table:
+    """One row per step: state, step, reason and drift notes, output directory.
+
+    `explanations` (label -> line, from `pipeline.explain.plan_explanations`) add, under the
+    reason of a step that will run under a new identity, what differs from its closest other run.
+    """
     counts = ", ".join(f"{n} {s.lower()}" for s, n in plan.counts().items())
     table = Table(title=f"{title} — {len(plan.steps)} steps ({counts})", title_justify="left")
     table.add_column("state", no_wrap=True)
@@ -43,6 +48,8 @@ def plan_table(plan: Plan, title: str = "Plan") -> Table:
         why = sp.reason
         if len(sp.notes) > 1:
             why += "".join(f"\n  {n}" for n in sp.notes[1:])
+        if explanations and sp.label in explanations:
+            why += f"\n  {explanations[sp.label]}"
         table.add_row(_state(sp.state), sp.label, why, sp.output_path)
     return table
 
@@ -71,38 +78,6 @@ def run_summary(report: RunReport) -> Table:
     return table
 
 
-def status_table(plan: Plan, records: Mapping[str, StepRecord], live: Mapping[str, bool]) -> Table:
-    """What storage says about each step now: last event, when, by which attempt."""
-    table = Table(title=f"Status under {plan.dag.prefix}", title_justify="left")
-    table.add_column("status", no_wrap=True)
-    table.add_column("step", no_wrap=True)
-    table.add_column("attempt", justify="right")
-    table.add_column("last event")
-    table.add_column("output", overflow="fold")
-    for label, node in plan.dag.nodes.items():
-        record = records.get(node.output_path) or StepRecord()
-        last = record.last
-        if record.corrupt:
-            table.add_row(Text("CORRUPT", style="bold red"), label, "", record.corrupt, node.output_path)
-            continue
-        if last is None:
-            status = Text("NOT STARTED", style="dim")
-            when = ""
-            attempt = ""
-        else:
-            name = last.event
-            if name == "RUNNING" and not live.get(label, False):
-                name = "STALE"  # RUNNING, but its runner is gone
-            status = Text(
-                name, style={"SUCCESS": "green", "FAILED": "red", "RUNNING": "yellow"}.get(name, "")
-            )
-            when = dt.datetime.fromtimestamp(last.time).strftime("%Y-%m-%d %H:%M:%S")
-            if last.message:
-                when += f"  {last.message.splitlines()[0][:80]}"
-            attempt = str(sum(1 for e in record.events if e.event == "RUNNING"))
-        table.add_row(status, label, attempt, when, node.output_path)
-    return table
-
-
 def print_table(table: Table, *, stderr: bool = False) -> None:
+    """Print `table` to stdout (200 columns when not a terminal) or stderr."""
     Console(stderr=stderr, width=None if stderr else 200, soft_wrap=False).print(table)

@@ -39,7 +39,7 @@ from typing import Any
 
 import fsspec
 
-from pipeline import Resources, Step, this_output, versioned
+from pipeline import Resources, Step, step_events, this_output, versioned
 
 __all__ = ["TokenizeConfig", "TokenizeError", "tokenize", "tokenize_step"]
 
@@ -199,6 +199,9 @@ def _tokenize_split(config: TokenizeConfig, split: str, files: list[tuple[str, s
         for result in _map(_tokenize_shard, args, config.num_workers):
             done[result.shard] = result
             bar.advance(result.documents, result.tokens)
+            # For `drydock status` from any machine (the bar above is only on this console).
+            tokens = sum(s.tokens for s in done.values())
+            step_events.progress(len(done), len(files), f"{split} shards", data={"tokens": tokens})
     ordered = [done[shard] for _path, shard in files]
     _write_ledger(split_dir, ordered, _load_tokenizer(config.tokenizer).metadata)
     return ordered

@@ -129,6 +129,11 @@ class JsonlTracker(Tracker):
             with open(self.path, "a") as f:
                 f.write(json.dumps(record) + "\n")
         loss = record.get("train/loss")
+        if isinstance(loss, int | float):
+            # Levanter logs run_progress = step / num_train_steps beside the loss.
+            fraction = record.get("run_progress")
+            total = round(record["step"] / fraction) if isinstance(fraction, float) and fraction > 0 else None
+            step_events.progress(record["step"], total, "steps", data={"loss": loss}, context=self._context)
         if self._guard is not None and isinstance(loss, int | float):
             median = self._guard.check(float(loss))
             if median is not None:
