@@ -1,0 +1,47 @@
+// Drydock dashboard: the page behaviour that HTML alone cannot give. No network calls: data
+// arrives in the page (a JSON script element), charts are drawn by the vendored Chart.js.
+"use strict";
+
+// Draw the training loss (and the learning rate on a second axis) from the JSON in #dataId.
+function drydockLossChart(canvasId, dataId) {
+  const series = JSON.parse(document.getElementById(dataId).textContent);
+  const points = (ys) => series.steps.map((x, i) => ({ x: x, y: ys[i] }));
+  const datasets = [{
+    label: "loss", data: points(series.loss), yAxisID: "y",
+    borderColor: "#1565c0", backgroundColor: "#1565c0", borderWidth: 1.5, pointRadius: 0,
+  }];
+  const scales = {
+    x: { type: "linear", title: { display: true, text: "step" } },
+    y: { type: "linear", position: "left", title: { display: true, text: "loss" } },
+  };
+  if (series.learning_rate.some((v) => v !== null)) {
+    datasets.push({
+      label: "learning rate", data: points(series.learning_rate), yAxisID: "lr",
+      borderColor: "#ef6c00", backgroundColor: "#ef6c00", borderWidth: 1, pointRadius: 0, borderDash: [4, 3],
+    });
+    scales.lr = { type: "linear", position: "right", grid: { drawOnChartArea: false },
+                  title: { display: true, text: "learning rate" } };
+  }
+  return new Chart(document.getElementById(canvasId), {
+    type: "line",
+    data: { datasets: datasets },
+    options: {
+      // No animation: the chart is complete as soon as the page has loaded (and so is a screenshot).
+      animation: false, parsing: false, normalized: true, maintainAspectRatio: false,
+      interaction: { mode: "nearest", axis: "x", intersect: false },
+      scales: scales,
+    },
+  });
+}
+
+// Make the DAG's nodes (drawn by pipeline.dag_render, which knows nothing of URLs) open their step.
+function drydockDagLinks(stepUrl, experimentId) {
+  document.querySelectorAll("#dag g.node").forEach((node) => {
+    const label = node.getAttribute("data-label");
+    const path = label.split("/").map(encodeURIComponent).join("/");
+    node.style.cursor = "pointer";
+    node.addEventListener("click", () => {
+      window.location.href = stepUrl.replace("__LABEL__", path) + "?experiment=" + encodeURIComponent(experimentId);
+    });
+  });
+}
