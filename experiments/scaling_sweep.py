@@ -1,0 +1,164 @@
+"""A scaling sweep with a predicted loss: fit L(N, D) on a grid of tiny MoEs, then check it on a larger one.
+
+    tokenized/prose, tokenized/arithmetic   the committed demo corpus (shared with tiny_moe.py)
+    mixture/scaling                         one even mix, sized for MIXTURE_STEPS steps
+    train/scaling/d{H}-s{S}                 a tiny Qwen3-MoE of hidden size H trained for S steps,
+                                            for every H in SIZES and S in BUDGETS, and the TARGET
+    evaluate/scaling/d{H}-s{S}              loss per validation set of each
+    scaling/fit                             L(N, D) = E + A/N^alpha + B/D^beta fitted to the grid;
+                                            the target's loss predicted with an interval, then
+                                            compared with its measured loss (fit.json, fit.png)
+
+This is how a team checks a predicted loss before committing months of compute: fit small runs,
+predict the big one, and (here, where the big one is cheap) measure it. `drydock plan` shows the
+grid at once; a rerun reuses every finished point, and a grid made larger trains only the new
+points. All models share everything but their width: 2 layers, 4 experts with top-2 routing,
+expert width 2 x hidden, 4 query and 2 KV heads, AdamW at 3e-3 with cosine decay to the end of
+each run's own budget (so every D is a complete run, as Chinchilla's fits assume).
+
+One mixture serves every budget: its weights do not change with the step, and Levanter's stream
+depends on the data seed, not on the run's length, so a run of S steps reads the first S batches
+of a longer run's stream, and budgets differ only in length.
+(A phase schedule, like tiny_moe's, is given in steps and would give each budget a different mix.)
+
+On the local backend, trainings run one at a time unless `--max_concurrent` says otherwise: they
+share the process, and Levanter's tracker is global to it (on Ray each gets its own process).
+About 16 minutes on a 2-core CPU shared with other work (docs/scaling.md has the figures).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+from pipeline import Resources, Step, StepDeclarationError, executor_main
+from pipeline.main import parse_options
+from steps.evaluate import evaluate_step
+from steps.mixture import mixture_step
+from steps.moe import MoeModelConfig
+from steps.scaling import scaling_fit_step, scaling_point
+from steps.tokenize import tokenize_step
+from steps.train_moe import OptimizerSpec, train_moe_step
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOKENIZER = "data/tokenizer"
+BATCH_SIZE = 8
+SEQ_LEN = 128
+SIZES = (32, 48, 64)
+"""Hidden sizes of the grid's models."""
+BUDGETS = (150, 300, 600)
+"""Training steps of the grid's runs (x BATCH_SIZE x SEQ_LEN tokens)."""
+TARGET = (96, 1000)
+"""The larger config whose loss is predicted, then measured: (hidden size, steps)."""
+MIXTURE_STEPS = 1000
+"""Steps the one mixture is sized for, and so the longest run: at 8 x 128 tokens a step, 1,000 steps
+read the prose component 2.8 times (max_epochs=3). Fixed rather than taken from the grid, so that
+adding points keeps the mixture's identity, and with it every finished training."""
+OPTIMIZER = OptimizerSpec(name="adamw", learning_rate=3e-3, warmup=0.05)
+
+
+def tiny_model(hidden_dim: int) -> MoeModelConfig:
+    """The grid's Qwen3-MoE at width `hidden_dim` (everything else fixed)."""
+    return MoeModelConfig(
+        family="qwen3_moe",
+        hidden_dim=hidden_dim,
+        expert_intermediate_dim=2 * hidden_dim,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        num_experts=4,
+        num_experts_per_token=2,
+        qk_norm=True,
+    )
+
+
+def build(
+    sizes: Sequence[int] = SIZES,
+    budgets: Sequence[int] = BUDGETS,
+    target: tuple[int, int] = TARGET,
+    *,
+    batch_size: int = BATCH_SIZE,
+    seq_len: int = SEQ_LEN,
+    mixture_steps: int = MIXTURE_STEPS,
+) -> list[Step]:
+    """The sweep's final step (the fit); every training and evaluation hangs off it.
+
+    Raises `StepDeclarationError` naming the training step if a run is longer than the mixture.
+    """
+    corpus = {
+        domain: tokenize_step(
+            f"tokenized/{domain}",
+            train=[f"data/corpus/{domain}/train-*.jsonl"],
+            validation=[f"data/corpus/{domain}/validation-*.jsonl"],
+            tokenizer=TOKENIZER,
+            input_root=ROOT,
+        )
+        for domain in ("prose", "arithmetic")
+    }
+    mixture = mixture_step(
+        "mixture/scaling",
+        components=corpus,
+        weights={"prose": 0.5, "arithmetic": 0.5},
+        target_tokens=mixture_steps * batch_size * seq_len,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        validation=["prose", "arithmetic"],
+        max_epochs=3,
+    )
+
+    def run(hidden_dim: int, steps: int) -> tuple[Step, Step]:
+        label = f"d{hidden_dim}-s{steps}"
+        if steps > mixture_steps:
+            raise StepDeclarationError(
+                f"train/scaling/{label}",
+                f"{steps} steps is longer than the mixture's {mixture_steps}; lower the budget or raise "
+                "MIXTURE_STEPS (within the mixture's max_epochs)",
+                field="num_steps",
+            )
+        train = train_moe_step(
+            f"train/scaling/{label}",
+            data=mixture,
+            model=tiny_model(hidden_dim),
+            optimizer=OPTIMIZER,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            num_steps=steps,
+            checkpoint_interval=steps,  # only the final checkpoint: evaluate reads nothing else
+            eval_interval=10**9,  # evaluate/scaling/* scores the final model on every validation set
+            router_stats_interval=0,
+            hf_export=False,
+            resources=Resources(cpus=1),
+        )
+        evaluation = evaluate_step(
+            f"evaluate/scaling/{label}", train=train, data=mixture, seq_len=seq_len, batch_size=batch_size
+        )
+        return train, evaluation
+
+    points = [scaling_point(*run(h, s)) for h in sizes for s in budgets]
+    fit = scaling_fit_step("scaling/fit", points=points, target=scaling_point(*run(*target)))
+    return [fit]
+
+
+def _one_training_at_a_time(argv: list[str]) -> list[str]:
+    """`--max_concurrent 1` on the local backend unless the command line sets it (see above)."""
+    try:
+        options = parse_options(argv)
+    except Exception:  # executor_main reports a bad command line itself
+        return argv
+    if options.backend == "local" and options.max_concurrent is None:
+        return [*argv, "--max_concurrent", "1"]
+    return argv
+
+
+if __name__ == "__main__":
+    try:
+        sweep = build()
+    except StepDeclarationError as e:  # an edited grid that cannot run: one sentence, exit 2
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    executor_main(
+        sweep,
+        description="scaling sweep: fit L(N, D) on tiny MoEs, predict and measure a larger one",
+        argv=_one_training_at_a_time(sys.argv[1:]),
+    )
