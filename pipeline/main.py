@@ -27,15 +27,16 @@ from pipeline.backends.base import Backend
 from pipeline.dag import Dag, build_dag
 from pipeline.errors import DrydockError, StepDeclarationError
 from pipeline.executor import ExecutionOptions, Reporter, RunReport, execute
-from pipeline.lease import Owner, is_stale
+from pipeline.lease import Owner
 from pipeline.manifest import build_manifest, experiment_name, manifest_path
 from pipeline.metadata import environment_info, step_info
 from pipeline.plan import Plan, State, make_plan
-from pipeline.preview import format_preview, step_previews
+from pipeline.preview import format_preview, step_previews, step_reports
+from pipeline.recipe import recipe_entries
 from pipeline.step import Step
 from pipeline.storage import StepStore, normalize_prefix, open_storage
 
-__all__ = ["ExecutorMainConfig", "executor_main", "run_experiment", "step_status"]
+__all__ = ["ExecutorMainConfig", "executor_main", "run_experiment"]
 
 logger = logging.getLogger("drydock")
 
@@ -178,7 +179,9 @@ def run_experiment(
     env = environment_info(source_file)
     started = time.time()
     path = manifest_path(dag, name)
-    store.storage.write(path, build_manifest(plan, name, description, owner.run_id, env, started=started))
+    recipes = recipe_entries(dag, source_file)
+    manifest_args = {"started": started, "source_file": source_file, "recipes": recipes}
+    store.storage.write(path, build_manifest(plan, name, description, owner.run_id, env, **manifest_args))
     options = ExecutionOptions(
         max_concurrent=config.max_concurrent or backend.default_concurrency(),
         lease_timeout=config.lease_timeout,
@@ -187,27 +190,15 @@ def run_experiment(
         run_info={"experiment": name, "manifest": path, **env},
     )
     try:
-        report = execute(plan, store, backend, owner, options, Reporter(_stderr_line))
+        reporter = Reporter(_stderr_line, total=len(plan.in_state(State.RUN, State.WAIT)))
+        report = execute(plan, store, backend, owner, options, reporter)
     finally:
         backend.close()
-    store.storage.write(path, build_manifest(plan, name, description, owner.run_id, env, report, started))
-    logger.info("manifest: %s", path)
+    store.storage.write(
+        path, build_manifest(plan, name, description, owner.run_id, env, report, **manifest_args)
+    )
+    logger.debug("manifest: %s", path)  # the end-of-run summary prints it
     return report
-
-
-def step_status(
-    steps: Sequence[Step], config: ExecutorMainConfig
-) -> tuple[Plan, dict[str, Any], dict[str, bool]]:
-    """Plan plus raw records and lease liveness of every step, for `drydock status`."""
-    dag, _store, plan = prepare(steps, config, strict=False)
-    records = {label: sp.record for label, sp in plan.steps.items()}
-    host = Owner.current().host
-    now = time.time()
-    live = {
-        label: bool(r is not None and r.state == "RUNNING" and not is_stale(r.lease, now, host))
-        for label, r in records.items()
-    }
-    return plan, {dag.nodes[label].output_path: r for label, r in records.items()}, live
 
 
 def _stderr_line(line: str) -> None:
@@ -237,7 +228,9 @@ def parse_options(argv: Sequence[str]) -> ExecutorMainConfig:
     try:
         return draccus.parse(ExecutorMainConfig, args=normalize_argv(argv), exit_on_error=False)
     except Exception as e:  # draccus raises its own exception types for parse errors
-        raise StepDeclarationError(None, f"bad command-line option: {e}", field="argv") from e
+        # draccus spreads some messages over several lines; the CLI promises one.
+        detail = " ".join(str(e).split())
+        raise StepDeclarationError(None, f"bad command-line option: {detail}", field="argv") from e
 
 
 @contextmanager
@@ -275,7 +268,11 @@ def _stdout_to_stderr() -> Any:
 
 
 # Set by `drydock status FILE` so that the file's own executor_main call reports status instead.
+# "capture" (`drydock status|dag|explain FILE`): executor_main runs nothing and hands its steps,
+# options and description to `_CAPTURED["handler"]`, whose return value is the exit code. It is
+# called while the file is still `__main__`, so functions the file defines stay importable.
 _COMMAND_OVERRIDE: dict[str, str] = {}
+_CAPTURED: dict[str, Any] = {}
 
 
 def executor_main(
@@ -283,23 +280,28 @@ def executor_main(
     description: str = "",
     *,
     argv: Sequence[str] | None = None,
+    source_file: str | None = None,
 ) -> None:
     """Plan and run `steps` with options from the command line, then exit with the run's status.
+
+    `source_file` is the experiment file recorded in the manifest (default: the `__main__` file).
 
     Exit codes: 0 all done, 1 a step failed (or was blocked), 2 a malformed experiment or
     option (one sentence on stderr, nothing written), 130 interrupted.
     """
     _COMMAND_OVERRIDE["called"] = "yes"
     args = list(sys.argv[1:] if argv is None else argv)
-    main_module = sys.modules.get("__main__")
-    source_file = getattr(main_module, "__file__", None)
+    if source_file is None:
+        source_file = getattr(sys.modules.get("__main__"), "__file__", None)
     try:
         config = parse_options(args)
         _validate_options(config)
         logging.basicConfig(
             level=config.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
         )
-        if _COMMAND_OVERRIDE.get("command") == "status":
+        if _COMMAND_OVERRIDE.get("command") == "capture":
+            code = _CAPTURED["handler"](list(steps), config, description)
+        elif _COMMAND_OVERRIDE.get("command") == "status":
             code = _print_status(steps, config)
         else:
             with _sigterm_as_interrupt():
@@ -324,10 +326,15 @@ def _run_and_print(
     else:
         result = run_experiment(steps, config, description=description, source_file=source_file)
     if isinstance(result, Plan):
+        from pipeline.explain import plan_explanations
+
         previews = step_previews(result)
+        explanations = plan_explanations(result, open_storage(result.dag.prefix))
         if config.json:
             out = result.to_json(dry_run=True)
             for entry in out["steps"]:
+                if entry["label"] in explanations:
+                    entry["explain"] = explanations[entry["label"]]
                 preview = previews.get(entry["label"])
                 if isinstance(preview, Mapping):
                     entry.update({k: v for k, v in preview.items() if k not in entry})
@@ -335,18 +342,23 @@ def _run_and_print(
                     entry["preview"] = preview
             print(json.dumps(out, indent=2))
         else:
-            print_table(plan_table(result))
+            print_table(plan_table(result, explanations=explanations))
             for label, preview in previews.items():
                 print(f"\n{label}:\n{format_preview(preview)}")
         return 0
+    reports = step_reports(result)
+    manifest = manifest_path(result.plan.dag, experiment_name(config.experiment, source_file))
     if config.json:
-        out = result.plan.to_json(dry_run=False, exit_code=result.exit_code)
+        out = result.plan.to_json(dry_run=False, exit_code=result.exit_code, manifest=manifest)
         for entry in out["steps"]:
             outcome = result.outcomes[entry["label"]]
             entry.update(state=outcome.state.value, duration=outcome.duration, error=outcome.error)
+            if entry["label"] in reports:
+                entry["report"] = reports[entry["label"]]
         print(json.dumps(out, indent=2))
     else:
         print_table(run_summary(result), stderr=True)
+        _print_results(result, reports, manifest)
     failed = [
         result.plan.dag.nodes[label].name
         for label in result.labels(State.FAILED, State.BLOCKED, State.CANCELLED)
@@ -356,21 +368,21 @@ def _run_and_print(
     return result.exit_code
 
 
-def _print_status(steps: Sequence[Step], config: ExecutorMainConfig) -> int:
-    from pipeline.render import print_table, status_table
+def _print_results(result: RunReport, reports: Mapping[str, Any], manifest: str) -> None:
+    """The end of a run for a human: what each step reports, where its outputs and the manifest are."""
+    dag = result.plan.dag
+    for label, report in reports.items():
+        print(f"\n{label}:\n{format_preview(report)}")
+    done = result.labels(State.SUCCEEDED, State.CACHED)
+    if done:
+        print("\noutputs:")
+        width = max(len(dag.nodes[label].name) for label in done)
+        for label in done:
+            print(f"  {dag.nodes[label].name:<{width}}  {dag.nodes[label].output_path}")
+    print(f"\nmanifest: {manifest}\n  rerun it anywhere with: drydock rerun {manifest}")
 
-    plan, records, live = step_status(steps, config)
-    if config.json:
-        out = plan.to_json()
-        for entry in out["steps"]:
-            record = records[entry["output_path"]]
-            last = record.last if record is not None else None
-            entry["status"] = (
-                "CORRUPT" if record is not None and record.corrupt else (last.event if last else None)
-            )
-            entry["status_time"] = last.time if last else None
-            entry["live"] = live[entry["label"]]
-        print(json.dumps(out, indent=2))
-    else:
-        print_table(status_table(plan, records, live))
-    return 0
+
+def _print_status(steps: Sequence[Step], config: ExecutorMainConfig) -> int:
+    from pipeline.observe import print_status
+
+    return print_status(steps, config)

@@ -4,12 +4,16 @@ One file per experiment DAG (the hash is over its step identities, so the same e
 file run again updates the same manifest). It lists every step with its identity, output
 path, function import path, final state and timings, plus the git commit and package versions
 of the run. Written when a run starts (states as planned) and again when it ends.
+
+Each step also carries its `recipe` (`pipeline.recipe`): function, config, version and resources
+in a reversible form, so that `drydock rerun MANIFEST` rebuilds the same DAG without the file.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import time
 from collections.abc import Mapping
@@ -19,6 +23,7 @@ from pipeline.dag import Dag, fn_import_path, join_path
 from pipeline.executor import RunReport
 from pipeline.identity import HASH_CHARS
 from pipeline.plan import Plan
+from pipeline.recipe import recipe_entries
 
 __all__ = ["build_manifest", "experiment_name", "manifest_path"]
 
@@ -45,9 +50,13 @@ def build_manifest(
     env: Mapping[str, Any],
     report: RunReport | None = None,
     started: float | None = None,
+    source_file: str | None = None,
+    recipes: Mapping[str, Any] | None = None,
 ) -> bytes:
     """The manifest as JSON bytes; without `report`, states are the planned ones."""
     dag = plan.dag
+    if recipes is None:
+        recipes = recipe_entries(dag)
     steps = []
     for label, node in dag.nodes.items():
         entry: dict[str, Any] = {
@@ -60,6 +69,7 @@ def build_manifest(
             "soft_deps": list(node.soft_deps),
             "planned": plan.steps[label].state.value,
             "reason": plan.steps[label].reason,
+            "recipe": recipes[label],
         }
         if report is not None:
             outcome = report.outcomes[label]
@@ -84,6 +94,7 @@ def build_manifest(
         "finished": report is not None,
         "exit_code": report.exit_code if report is not None else None,
         "roots": list(dag.roots),
+        "source_file": os.path.abspath(source_file) if source_file else None,
         **env,
         "steps": steps,
     }

@@ -180,6 +180,29 @@ def evaluate(config: EvaluateConfig) -> dict[str, Any]:
     return result
 
 
+def report(config: EvaluateConfig) -> str | None:
+    """The end-of-run summary (pipeline.preview): the evaluation table and where the plot is."""
+    path = os.path.join(config.output, "results.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        result = json.load(f)
+    rows = [*result["validation_sets"].items(), ("average", result["average"])]
+    width = max(len("validation set"), *(len(name) for name, _ in rows))
+    lines = [f"  {'validation set':<{width}}  {'loss':>7}  {'bits/byte':>9}  {'perplexity':>10}"]
+    for name, values in rows:
+        bpb = values.get("bits_per_byte")
+        lines.append(
+            f"  {name:<{width}}  {values['loss']:>7.3f}  {'-' if bpb is None else f'{bpb:.3f}':>9}"
+            f"  {values['perplexity']:>10.2f}"
+        )
+    lines.append(f"  checkpoint: step {result['checkpoint_step']} ({result['checkpoint']})")
+    plot = os.path.join(config.output, "loss.png")
+    if os.path.exists(plot):
+        lines.append(f"  loss plot:  {plot}")
+    return "\n".join(lines)
+
+
 def plot_loss(metrics_path: str, png_path: str, eval_step: int, sets: dict[str, dict[str, Any]]) -> None:
     """The training loss curve, with the evaluation points of the run and of this step."""
     import matplotlib
@@ -214,3 +237,6 @@ def plot_loss(metrics_path: str, png_path: str, eval_step: int, sets: dict[str, 
     fig.tight_layout()
     fig.savefig(png_path)
     plt.close(fig)
+
+
+evaluate.report = report  # type: ignore[attr-defined]  # the end-of-run summary (pipeline.preview)

@@ -154,6 +154,24 @@ def preview(config: TrainMoeConfig) -> dict[str, Any]:
     return summarize(config, config.vocab_size or _tokenizer_size_if_known(config.data))
 
 
+def report(config: TrainMoeConfig) -> dict[str, Any] | None:
+    """The end-of-run summary (pipeline.preview): how far the loss came down, where things are."""
+    from steps.training_hooks import read_metrics
+
+    metrics_path = os.path.join(config.output, "metrics.jsonl")
+    if not os.path.exists(metrics_path):
+        return None
+    losses = [(row["step"], row["loss"]) for row in read_metrics(metrics_path) if "loss" in row]
+    out: dict[str, Any] = {}
+    if losses:
+        out["train loss"] = (
+            f"{losses[0][1]:.3f} at step {losses[0][0]} -> {losses[-1][1]:.3f} at step {losses[-1][0]}"
+        )
+    out["metrics"] = metrics_path
+    out["checkpoints"] = os.path.join(config.output, "checkpoints")
+    return out
+
+
 def _tokenizer_size_if_known(data: str) -> int | None:
     try:
         import yaml
@@ -354,6 +372,7 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
 
 
 train_moe.preview = preview  # type: ignore[attr-defined]  # shown by `drydock plan` (pipeline.preview)
+train_moe.report = report  # type: ignore[attr-defined]  # the end-of-run summary (pipeline.preview)
 # Levanter's trainer leaves global state (tracker, log handlers) in its process: on Ray, give each
 # training its own worker process.
 train_moe.fresh_process = True  # type: ignore[attr-defined]

@@ -40,3 +40,26 @@ def test_the_plan_lists_every_step_with_parameters_tokens_and_steps(tmp_path):
     assert train["train_tokens"] == 390_140 * 11_264 * 4_096 >= 18 * 10**12
     assert "3 phase(s)" in steps["mixture/535b-a23b"]["preview"]
     assert not tmp_path.joinpath("tokenized").exists()  # planning writes nothing
+
+
+def test_its_recipe_rebuilds_from_a_manifest_with_the_same_identities():
+    import experiments.moe_535b_a23b as recipe_file
+    from pipeline.dag import build_dag
+    from pipeline.recipe import recipe_entries, steps_from_manifest
+
+    dag = build_dag([recipe_file.evaluation], "gs://bucket/runs")
+    recipes = recipe_entries(dag, recipe_file.__file__)
+    assert all(isinstance(r, dict) for r in recipes.values()), recipes
+    manifest = json.loads(
+        json.dumps(
+            {
+                "steps": [
+                    {"label": label, "name": n.name, "recipe": recipes[label]}
+                    for label, n in dag.nodes.items()
+                ],
+                "roots": list(dag.roots),
+            }
+        )
+    )
+    _steps, roots = steps_from_manifest(manifest)
+    assert list(build_dag(roots, "/elsewhere").nodes) == list(dag.nodes)

@@ -33,6 +33,9 @@ def test_tiny_moe_learns_and_a_rerun_does_nothing(tmp_path):
     prefix = tmp_path / "runs"
     first = run(prefix)
     assert first.returncode == 0, first.stderr[-4000:]
+    # The human summary: the evaluation table, the loss plot, the outputs and the manifest.
+    assert "validation set" in first.stdout and "bits/byte" in first.stdout, first.stdout
+    assert "loss plot:" in first.stdout and "manifest:" in first.stdout
     (train,) = prefix.glob("train/tiny-qwen3-moe-*")
     losses = [r["loss"] for r in read_metrics(str(train / "metrics.jsonl")) if "loss" in r]
     (evaluation,) = prefix.glob("evaluate/tiny-qwen3-moe-*")
@@ -44,3 +47,16 @@ def test_tiny_moe_learns_and_a_rerun_does_nothing(tmp_path):
     second = run(prefix, "--json")
     assert second.returncode == 0, second.stderr[-4000:]
     assert {s["state"] for s in json.loads(second.stdout)["steps"]} == {"CACHED"}
+    # The manifest alone rebuilds the same five steps: a rerun at the same prefix is fully cached.
+    (manifest,) = (prefix / "experiments").glob("tiny_moe-*.json")
+    third = subprocess.run(
+        [sys.executable, "-m", "pipeline", "rerun", str(manifest), "--json"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert third.returncode == 0, third.stderr[-4000:]
+    reran = json.loads(third.stdout)["steps"]
+    assert len(reran) == 5 and {s["state"] for s in reran} == {"CACHED"}
