@@ -105,11 +105,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "plan":
         options = [*options, "--dry_run", "true"]
     if command == "rerun" or is_manifest(path):
-        return run_manifest(path, options, status=command == "status")
+        return run_manifest(path, options)
     if not os.path.isfile(path):
         print(f"error: experiment file {path!r} does not exist", file=sys.stderr)
         return 2
-    return run_file(path, options, status=command == "status")
+    return run_file(path, options)
 
 
 def is_manifest(path: str) -> bool:
@@ -117,8 +117,8 @@ def is_manifest(path: str) -> bool:
     return path.endswith(".json")
 
 
-def run_manifest(location: str, options: Sequence[str], *, status: bool = False) -> int:
-    """Rebuild the DAG recorded in the manifest at `location` and run (or plan, or show) it."""
+def run_manifest(location: str, options: Sequence[str]) -> int:
+    """Rebuild the DAG recorded in the manifest at `location` and run (or plan) it."""
     from pipeline.recipe import load_recipe, rerun_argv
 
     try:
@@ -127,8 +127,6 @@ def run_manifest(location: str, options: Sequence[str], *, status: bool = False)
         print(f"error: {e}", file=sys.stderr)
         return 2
     main_module._COMMAND_OVERRIDE.clear()
-    if status:
-        main_module._COMMAND_OVERRIDE["command"] = "status"
     try:
         main_module.executor_main(
             roots,
@@ -141,7 +139,7 @@ def run_manifest(location: str, options: Sequence[str], *, status: bool = False)
     return 0
 
 
-def run_file(path: str, options: Sequence[str], *, status: bool = False, capture: bool = False) -> int:
+def run_file(path: str, options: Sequence[str], *, capture: bool = False) -> int:
     """Execute the experiment file as `__main__` with `options` as its command line.
 
     With `capture`, its `executor_main` call runs nothing and hands its steps and options to
@@ -151,8 +149,6 @@ def run_file(path: str, options: Sequence[str], *, status: bool = False, capture
     sys.argv = [path, *options]
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     main_module._COMMAND_OVERRIDE.clear()
-    if status:
-        main_module._COMMAND_OVERRIDE["command"] = "status"
     if capture:
         main_module._COMMAND_OVERRIDE["command"] = "capture"
     try:

@@ -267,8 +267,8 @@ def _stdout_to_stderr() -> Any:
         os.close(saved)
 
 
-# Set by `drydock status FILE` so that the file's own executor_main call reports status instead.
-# "capture" (`drydock status|dag|explain FILE`): executor_main runs nothing and hands its steps,
+# Set by the `drydock` CLI. "capture" (`drydock status|dag|explain FILE`): the file's own
+# executor_main call runs nothing and hands its steps,
 # options and description to `_CAPTURED["handler"]`, whose return value is the exit code. It is
 # called while the file is still `__main__`, so functions the file defines stay importable.
 _COMMAND_OVERRIDE: dict[str, str] = {}
@@ -301,8 +301,6 @@ def executor_main(
         )
         if _COMMAND_OVERRIDE.get("command") == "capture":
             code = _CAPTURED["handler"](list(steps), config, description)
-        elif _COMMAND_OVERRIDE.get("command") == "status":
-            code = _print_status(steps, config)
         else:
             with _sigterm_as_interrupt():
                 code = _run_and_print(steps, config, description, source_file)
@@ -380,9 +378,3 @@ def _print_results(result: RunReport, reports: Mapping[str, Any], manifest: str)
         for label in done:
             print(f"  {dag.nodes[label].name:<{width}}  {dag.nodes[label].output_path}")
     print(f"\nmanifest: {manifest}\n  rerun it anywhere with: drydock rerun {manifest}")
-
-
-def _print_status(steps: Sequence[Step], config: ExecutorMainConfig) -> int:
-    from pipeline.observe import print_status
-
-    return print_status(steps, config)
