@@ -8,17 +8,22 @@ going. Outputs, under the step's directory:
     results.json    per validation set and averaged: loss, bits_per_byte, perplexity; the
                     checkpoint and its step
     loss.png        the training loss curve from metrics.jsonl, with the evaluation points
+
+Both directories may be URLs (gs://, s3://): every file is read and written through fsspec.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 import os
 import time
 from dataclasses import dataclass
 from typing import Any
+
+import fsspec
 
 from pipeline import Resources, Step, output_of, this_output, versioned
 
@@ -73,21 +78,30 @@ def evaluate_step(
     )
 
 
+def _exists(path: str) -> bool:
+    fs, plain = fsspec.core.url_to_fs(path)
+    return fs.exists(plain)
+
+
 def _checkpoint(config: EvaluateConfig) -> tuple[str, int]:
+    """The checkpoint to evaluate (a path or URL, like `config.train`) and its step."""
+    # Levanter's discovery lists and reads through fsspec, so URLs work; it returns them as URLs.
     from levanter.checkpoint import discover_latest_checkpoint
 
     root = os.path.join(config.train, "checkpoints")
+    fs, plain = fsspec.core.url_to_fs(root)
+    fs.invalidate_cache()  # a training still going writes checkpoints this process has not listed
     if config.checkpoint_step is not None:
         path = os.path.join(root, f"step-{config.checkpoint_step}")
-        if not os.path.exists(os.path.join(path, "metadata.json")):
+        if not _exists(os.path.join(path, "metadata.json")):
             raise FileNotFoundError(
                 f"checkpoint_step {config.checkpoint_step}: no complete checkpoint at {path}"
             )
     else:
-        path = discover_latest_checkpoint(root) if os.path.exists(root) else None
+        path = discover_latest_checkpoint(root) if fs.exists(plain) else None
         if path is None:
             raise FileNotFoundError(f"no complete checkpoint under {root} yet")
-    with open(os.path.join(path, "metadata.json")) as f:
+    with fsspec.open(os.path.join(path, "metadata.json"), "r") as f:
         return path, int(json.load(f)["step"])
 
 
@@ -108,10 +122,11 @@ def evaluate(config: EvaluateConfig) -> dict[str, Any]:
     from levanter.trainer import TrainerConfig
     from levanter.utils.tree_utils import inference_mode
 
+    from steps.metrics import write_file
     from steps.mixture import load_data_config
 
     data = load_data_config(config.data)
-    with open(os.path.join(config.train, "levanter_model.json")) as f:
+    with fsspec.open(os.path.join(config.train, "levanter_model.json"), "r") as f:
         model_config = draccus.decode(LmConfig, json.load(f))
     if isinstance(model_config, MixtralConfig):
         # Mixtral adds its auxiliary router losses to every position's loss: evaluate pure cross-entropy.
@@ -171,9 +186,7 @@ def evaluate(config: EvaluateConfig) -> dict[str, Any]:
         "average": average,
         "seconds": time.time() - started,
     }
-    os.makedirs(config.output, exist_ok=True)
-    with open(os.path.join(config.output, "results.json"), "w") as f:
-        json.dump(result, f, indent=2)
+    write_file(os.path.join(config.output, "results.json"), json.dumps(result, indent=2).encode())
     plot_loss(
         os.path.join(config.train, "metrics.jsonl"), os.path.join(config.output, "loss.png"), step, sets
     )
@@ -183,9 +196,9 @@ def evaluate(config: EvaluateConfig) -> dict[str, Any]:
 def report(config: EvaluateConfig) -> str | None:
     """The end-of-run summary (pipeline.preview): the evaluation table and where the plot is."""
     path = os.path.join(config.output, "results.json")
-    if not os.path.exists(path):
+    if not _exists(path):
         return None
-    with open(path) as f:
+    with fsspec.open(path, "r") as f:
         result = json.load(f)
     rows = [*result["validation_sets"].items(), ("average", result["average"])]
     width = max(len("validation set"), *(len(name) for name, _ in rows))
@@ -198,32 +211,32 @@ def report(config: EvaluateConfig) -> str | None:
         )
     lines.append(f"  checkpoint: step {result['checkpoint_step']} ({result['checkpoint']})")
     plot = os.path.join(config.output, "loss.png")
-    if os.path.exists(plot):
+    if _exists(plot):
         lines.append(f"  loss plot:  {plot}")
     return "\n".join(lines)
 
 
 def plot_loss(metrics_path: str, png_path: str, eval_step: int, sets: dict[str, dict[str, Any]]) -> None:
-    """The training loss curve, with the evaluation points of the run and of this step."""
+    """The training loss curve, with the evaluation points of the run and of this step.
+
+    Both paths may be URLs. The metrics are merged per step (`read_metrics`), so a run still
+    going, whose lines are not compacted yet, plots the same as a finished one.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from steps.metrics import read_metrics, write_file
+
     steps, losses, eval_steps, eval_losses = [], [], [], []
-    if os.path.exists(metrics_path):
-        with open(metrics_path) as f:
-            for line in f:
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue
-                if "loss" in record:
-                    steps.append(record["step"])
-                    losses.append(record["loss"])
-                if "eval/loss" in record:
-                    eval_steps.append(record["step"])
-                    eval_losses.append(record["eval/loss"])
+    for record in read_metrics(metrics_path):
+        if "loss" in record:
+            steps.append(record["step"])
+            losses.append(record["loss"])
+        if "eval/loss" in record:
+            eval_steps.append(record["step"])
+            eval_losses.append(record["eval/loss"])
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
     ax.plot(steps, losses, label="train loss", linewidth=1.2)
     if eval_steps:
@@ -235,8 +248,10 @@ def plot_loss(metrics_path: str, png_path: str, eval_step: int, sets: dict[str, 
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(png_path)
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
     plt.close(fig)
+    write_file(png_path, png.getvalue())
 
 
 evaluate.report = report  # type: ignore[attr-defined]  # the end-of-run summary (pipeline.preview)

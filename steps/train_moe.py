@@ -11,6 +11,14 @@ second trainer here). Under the step's output directory:
     hf/step-N/              a Hugging Face export of the final model
     levanter_model.json     the Levanter model config (the evaluate step rebuilds the model from it)
     train_result.json       parameters, steps, where it resumed from, wall time
+    summary.json            Levanter's run summary
+    logs/                   Levanter's log file
+
+The output may be a URL (gs://, s3://): Levanter writes checkpoints and the export there itself,
+and every other file goes through fsspec. Object stores cannot append, so metrics.jsonl is then
+appended to a per-attempt scratch file (under `$DRYDOCK_SCRATCH`, else the system's temporary
+directory) and uploaded whole every `metrics_upload_seconds` and at the end; the logs are uploaded
+at the end.
 
 A rerun after a crash or preemption resumes from the latest checkpoint in `checkpoints/` (the
 output directory is the same, since the identity is) and ends at the same step count. A loss
@@ -23,12 +31,16 @@ import contextlib
 import json
 import logging
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
+
+import fsspec
 
 from pipeline import Resources, Step, output_of, this_output, versioned
 from steps.moe import MoeModelConfig, parameter_counts
@@ -90,6 +102,10 @@ class TrainMoeConfig:
     model's config there; offline it derives the config from the model type instead (same weights)."""
     wandb_project: str | None = None
     """Also log to Weights & Biases (needs W&B configured on the machine)."""
+    metrics_upload_seconds: float = 30.0
+    """For an output on object storage: upload metrics.jsonl this often. A crash loses at most the
+    lines of this many seconds; they are of steps after the last checkpoint (the lines up to a
+    checkpoint are uploaded before it is saved), which the resumed run computes again."""
 
 
 def train_moe_step(
@@ -156,10 +172,10 @@ def preview(config: TrainMoeConfig) -> dict[str, Any]:
 
 def report(config: TrainMoeConfig) -> dict[str, Any] | None:
     """The end-of-run summary (pipeline.preview): how far the loss came down, where things are."""
-    from steps.training_hooks import read_metrics
+    from steps.metrics import read_metrics
 
     metrics_path = os.path.join(config.output, "metrics.jsonl")
-    if not os.path.exists(metrics_path):
+    if not _exists(metrics_path):
         return None
     losses = [(row["step"], row["loss"]) for row in read_metrics(metrics_path) if "loss" in row]
     out: dict[str, Any] = {}
@@ -172,13 +188,18 @@ def report(config: TrainMoeConfig) -> dict[str, Any] | None:
     return out
 
 
+def _exists(path: str) -> bool:
+    fs, plain = fsspec.core.url_to_fs(path)
+    return fs.exists(plain)
+
+
 def _tokenizer_size_if_known(data: str) -> int | None:
     try:
         import yaml
 
-        with open(os.path.join(data, "data_config.yaml")) as f:
+        with fsspec.open(os.path.join(data, "data_config.yaml"), "r") as f:
             tokenizer = yaml.safe_load(f).get("tokenizer")
-        with open(os.path.join(tokenizer, "tokenizer.json")) as f:
+        with fsspec.open(os.path.join(tokenizer, "tokenizer.json"), "r") as f:
             raw = json.load(f)
         return len(raw["model"]["vocab"]) + sum(
             1 for t in raw.get("added_tokens", []) if t["content"] not in raw["model"]["vocab"]
@@ -224,20 +245,24 @@ def _levanter_optimizer(spec: OptimizerSpec) -> Any:
 
 def _check(config: TrainMoeConfig) -> None:
     config.model.check()
-    for field_name in ("batch_size", "seq_len", "num_steps", "checkpoint_interval"):
+    for field_name in ("batch_size", "seq_len", "num_steps", "checkpoint_interval", "metrics_upload_seconds"):
         if getattr(config, field_name) <= 0:
             raise ValueError(f"{field_name} must be positive, got {getattr(config, field_name)}")
 
 
 def _latest_step(checkpoints: str) -> tuple[str | None, int | None]:
+    """The latest complete checkpoint under `checkpoints` (a path or URL) and its step."""
+    # Levanter's discovery lists and reads through fsspec, so URLs work; it returns them as URLs.
     from levanter.checkpoint import discover_latest_checkpoint
 
-    if not os.path.exists(checkpoints):
+    fs, plain = fsspec.core.url_to_fs(checkpoints)
+    fs.invalidate_cache()  # listings cached by this process may predate the checkpoints written since
+    if not fs.exists(plain):
         return None, None
     latest = discover_latest_checkpoint(checkpoints)
     if latest is None:
         return None, None
-    with open(os.path.join(latest, "metadata.json")) as f:
+    with fsspec.open(os.path.join(latest, "metadata.json"), "r") as f:
         return latest, int(json.load(f)["step"])
 
 
@@ -257,21 +282,43 @@ def _hub_offline(offline: bool) -> Iterator[None]:
         hub.HF_HUB_OFFLINE = previous
 
 
-def levanter_train_config(config: TrainMoeConfig, data: Any, model: Any) -> Any:
-    """The `TrainLmConfig` that train_moe hands to Levanter's `train_lm.main` for `config`."""
+def levanter_train_config(
+    config: TrainMoeConfig,
+    data: Any,
+    model: Any,
+    *,
+    metrics_path: str | None = None,
+    log_dir: str | None = None,
+) -> Any:
+    """The `TrainLmConfig` that train_moe hands to Levanter's `train_lm.main` for `config`.
+
+    `metrics_path` is the local file the metrics tracker appends to and `log_dir` where Levanter's
+    log goes (default: `metrics.jsonl` and `logs/` in the output, which must then be local).
+    """
     from levanter.callbacks.watch import WatchConfig
-    from levanter.checkpoint import CheckpointerConfig
     from levanter.main.train_lm import TrainLmConfig
     from levanter.trainer import TrainerConfig
 
-    from steps.training_hooks import JsonlTrackerConfig, RouterStatsWatchConfig
+    from steps.training_hooks import (
+        JsonlTrackerConfig,
+        MetricsCheckpointerConfig,
+        RouterStatsWatchConfig,
+        local_path,
+    )
 
     out = config.output
+    if local_path(out) is None and (metrics_path is None or log_dir is None):
+        raise ValueError(
+            f"output {out!r} is not on local disk: pass metrics_path and log_dir (local paths) "
+            "for the metrics tracker and Levanter's log"
+        )
+    metrics_path = metrics_path or os.path.join(out, "metrics.jsonl")
     trackers: list[Any] = [
         JsonlTrackerConfig(
-            path=os.path.join(out, "metrics.jsonl"),
+            path=metrics_path,
             spike_factor=config.spike_factor,
             spike_window=config.spike_window,
+            summary_path=os.path.join(out, "summary.json"),
         )
     ]
     if config.wandb_project:
@@ -299,12 +346,14 @@ def levanter_train_config(config: TrainMoeConfig, data: Any, model: Any) -> Any:
             steps_per_eval=config.eval_interval,
             max_eval_batches=config.max_eval_batches,
             tracker=tuple(trackers) if len(trackers) > 1 else trackers[0],
-            log_dir=Path(out) / "logs",
+            log_dir=Path(log_dir or os.path.join(out, "logs")),
             require_accelerator=False,
             log_jaxprs=False,
             log_xla_hlo=False,
             watch=watch,
-            checkpointer=CheckpointerConfig(
+            # Publishes metrics.jsonl before each checkpoint when the output is on object storage.
+            checkpointer=MetricsCheckpointerConfig(
+                metrics_path=metrics_path,
                 base_path=os.path.join(out, "checkpoints"),
                 append_run_id_to_base_path=False,
                 save_interval=timedelta(minutes=config.checkpoint_minutes),
@@ -327,7 +376,15 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
 
     from steps.mixture import load_data_config
     from steps.moe import to_levanter
-    from steps.training_hooks import fix_mixtral_jit_log, read_metrics, write_metrics
+    from steps.training_hooks import (
+        MetricsUploader,
+        begin_metrics,
+        fix_mixtral_jit_log,
+        local_path,
+        read_metrics,
+        write_file,
+        write_metrics,
+    )
 
     out = config.output
     checkpoints = os.path.join(out, "checkpoints")
@@ -339,25 +396,46 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
     model = to_levanter(config.model, config.seq_len, data.tokenizer)
     if config.model.family == "mixtral":
         fix_mixtral_jit_log()
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "levanter_model.json"), "w") as f:
-        json.dump(draccus.encode(model, LmConfig), f, indent=1)
+    write_file(
+        os.path.join(out, "levanter_model.json"),
+        json.dumps(draccus.encode(model, LmConfig), indent=1).encode(),
+    )
 
     _, resumed_from = _latest_step(checkpoints)
-    # Steps after the checkpoint we resume from are computed (and logged) again.
-    write_metrics(metrics, read_metrics(metrics, up_to=resumed_from) if resumed_from is not None else [])
-    levanter_config = levanter_train_config(config, data, model)
+    # On object storage the tracker appends to a scratch copy, which is published as it grows.
+    scratch = None if local_path(out) is not None else _scratch_dir()
+    appended = metrics if scratch is None else os.path.join(scratch, "metrics.jsonl")
+    begin_metrics(metrics, appended, resumed_from)
+    levanter_config = levanter_train_config(
+        config,
+        data,
+        model,
+        metrics_path=appended,
+        log_dir=None if scratch is None else os.path.join(scratch, "logs"),
+    )
     started = time.time()
-    if resumed_from is not None and resumed_from >= config.num_steps - 1:
-        # Killed after training but before the commit: running train_lm again would only repeat
-        # its final hooks.
-        logger.info("training already reached step %s; nothing to resume", resumed_from)
-    else:
-        if resumed_from is not None:
-            print(f"train_moe: resuming from the checkpoint at step {resumed_from}", flush=True)
-        with _hub_offline(config.hub_offline):
-            train_lm.main(levanter_config)
-    write_metrics(metrics, read_metrics(metrics))  # one line per step from here on
+    uploader = None
+    if scratch is not None:
+        uploader = MetricsUploader(appended, metrics, config.metrics_upload_seconds, already_published=True)
+    try:
+        with uploader or contextlib.nullcontext():
+            if resumed_from is not None and resumed_from >= config.num_steps - 1:
+                # Killed after training but before the commit: running train_lm again would only
+                # repeat its final hooks.
+                logger.info("training already reached step %s; nothing to resume", resumed_from)
+            else:
+                if resumed_from is not None:
+                    print(f"train_moe: resuming from the checkpoint at step {resumed_from}", flush=True)
+                with _hub_offline(config.hub_offline):
+                    train_lm.main(levanter_config)
+        # One line per step from here on. On object storage, only from the host whose tracker
+        # wrote (on a TPU pod the other hosts' copies are stale, and they never uploaded them).
+        if uploader is None or uploader.uploads > 0:
+            write_metrics(metrics, read_metrics(appended))
+    finally:
+        if scratch is not None:
+            _upload_logs(os.path.join(scratch, "logs"), os.path.join(out, "logs"))
+            shutil.rmtree(scratch, ignore_errors=True)
     final, final_step = _latest_step(checkpoints)
     result = {
         **summarize(config, vocab),
@@ -366,9 +444,28 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
         "final_step": final_step,
         "wall_seconds": time.time() - started,
     }
-    with open(os.path.join(out, "train_result.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    write_file(os.path.join(out, "train_result.json"), json.dumps(result, indent=1).encode())
     return result
+
+
+def _scratch_dir() -> str:
+    """A fresh local directory for this attempt's files that cannot be written in place."""
+    root = os.environ.get("DRYDOCK_SCRATCH") or None
+    if root is not None:
+        os.makedirs(root, exist_ok=True)
+    return tempfile.mkdtemp(prefix="drydock-train-", dir=root)
+
+
+def _upload_logs(local: str, remote: str) -> None:
+    """Copy Levanter's log directory to the output; a failure is logged, since the logs are a
+    convenience and must not fail (or hide the error of) a training run."""
+    if not os.path.isdir(local):
+        return
+    try:
+        fs, plain = fsspec.core.url_to_fs(remote)
+        fs.put(local.rstrip("/") + "/", plain, recursive=True)
+    except Exception as e:
+        logger.warning("could not upload Levanter's logs from %s to %s: %s", local, remote, e)
 
 
 train_moe.preview = preview  # type: ignore[attr-defined]  # shown by `drydock plan` (pipeline.preview)

@@ -1,5 +1,6 @@
 """What the train step adds to Levanter's trainer: a metrics.jsonl tracker with a loss-spike
-guard, router statistics for every MoE family, and the Mixtral differentiable-logging fix.
+guard (and, for outputs on object storage, the uploader that publishes it), router statistics for
+every MoE family, and the Mixtral differentiable-logging fix.
 
 Everything here plugs into Levanter through its own extension points (a registered
 `TrackerConfig`, a `WatchConfig` subclass); the one patch, `fix_mixtral_jit_log`, is applied
@@ -12,7 +13,7 @@ import dataclasses
 import functools
 import json
 import logging
-import os
+import posixpath
 import statistics
 import threading
 import time
@@ -20,6 +21,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
+import fsspec
 import haliax as hax
 import jax
 import jax.numpy as jnp
@@ -27,30 +29,37 @@ import levanter.tracker
 import levanter.tracker.tracker_fns as tracker_fns
 import numpy as np
 from levanter.callbacks.watch import WatchCallback, WatchConfig
+from levanter.checkpoint import Checkpointer, CheckpointerConfig
 from levanter.tracker.tracker import NoopTracker, Tracker, TrackerConfig
 
 from pipeline import step_events
+from steps.metrics import (
+    MetricsUploader,
+    begin_metrics,
+    local_path,
+    publish_metrics,
+    read_metrics,
+    write_file,
+    write_metrics,
+)
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "JsonlTrackerConfig",
+    "MetricsCheckpointerConfig",
+    "MetricsUploader",
     "RouterStatsWatchConfig",
+    "begin_metrics",
     "fix_mixtral_jit_log",
     "jit_log_breaks_grad",
+    "local_path",
+    "publish_metrics",
     "read_metrics",
     "router_stats",
+    "write_file",
     "write_metrics",
 ]
-
-# Friendly names in metrics.jsonl for Levanter's keys.
-ALIASES = {
-    "train/loss": "loss",
-    "optim/learning_rate": "learning_rate",
-    "throughput/tokens_per_second": "tokens_per_second",
-    "router/max_load_ratio": "router_max_load_ratio",
-}
-
 
 # -- metrics.jsonl and the loss-spike guard ---------------------------------------------------------
 
@@ -106,9 +115,20 @@ class JsonlTracker(Tracker):
 
     name = "drydock_jsonl"
 
-    def __init__(self, path: str, spike_factor: float | None, spike_window: int) -> None:
-        self.path = path
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+    def __init__(
+        self, path: str, spike_factor: float | None, spike_window: int, summary_path: str | None = None
+    ) -> None:
+        local = local_path(path)
+        if local is None:
+            # Object stores cannot append: train_moe appends to a scratch file and uploads it.
+            raise ValueError(
+                f"JsonlTracker path {path!r}: metrics are appended, so this must be a local path; for an "
+                "output on object storage append to a local file and publish it with MetricsUploader"
+            )
+        self.path = local
+        self.summary_path = summary_path or posixpath.join(posixpath.dirname(local), "summary.json")
+        self._fs = fsspec.filesystem("file")
+        self._fs.makedirs(posixpath.dirname(local), exist_ok=True)
         self._lock = threading.Lock()
         self._unstepped: dict[str, Any] = {}
         self._guard = SpikeGuard(spike_factor, spike_window) if spike_factor else None
@@ -126,7 +146,7 @@ class JsonlTracker(Tracker):
                 return
             record = {"step": int(step), **self._unstepped, **flat, "wall_time": time.time()}
             self._unstepped = {}
-            with open(self.path, "a") as f:
+            with self._fs.open(self.path, "a") as f:
                 f.write(json.dumps(record) + "\n")
         loss = record.get("train/loss")
         if isinstance(loss, int | float):
@@ -145,8 +165,7 @@ class JsonlTracker(Tracker):
                 )
 
     def log_summary(self, metrics: Mapping[str, Any]) -> None:
-        with open(os.path.join(os.path.dirname(self.path), "summary.json"), "w") as f:
-            json.dump(_flatten(metrics), f, indent=1, default=str)
+        write_file(self.summary_path, json.dumps(_flatten(metrics), indent=1, default=str).encode())
 
     def log_artifact(self, artifact_path: Any, *, name: str | None = None, type: str | None = None) -> None:
         pass
@@ -155,39 +174,48 @@ class JsonlTracker(Tracker):
         pass
 
 
-def read_metrics(path: str, *, up_to: int | None = None) -> list[dict[str, Any]]:
-    """One record per step, in step order, with the short aliases (`loss`, `learning_rate`, ...).
+class MetricsCheckpointer(Checkpointer):
+    """Levanter's checkpointer, publishing the metrics logged so far before each checkpoint.
 
-    Lines of one step merge (later keys win); torn lines from a kill are skipped; with `up_to`,
-    steps after it are dropped (they will be computed again by a resumed run).
+    A run resumed from checkpoint N computes (and logs) only the steps after N again, so the lines
+    of the steps up to N must be on the output before checkpoint N can be found: uploading only
+    every few seconds would lose them for good if the run died in between. The checkpoint's own
+    step may log more after the save began (router statistics, evaluation): that is published when
+    the checkpoint commits.
     """
-    merged: dict[int, dict[str, Any]] = {}
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        for line in f:
+
+    metrics_path: str
+
+    def save_checkpoint(
+        self, tree: Any, step: int, destination: str, commit_callback: Any = None, **kwargs: Any
+    ) -> Any:
+        publish_metrics(self.metrics_path)
+
+        def committed() -> None:
             try:
-                record = json.loads(line)
-                step = int(record["step"])
-            except (ValueError, KeyError, TypeError):
-                continue
-            if up_to is None or step <= up_to:
-                merged.setdefault(step, {}).update(record)
-    out = []
-    for step in sorted(merged):
-        record = merged[step]
-        for key, alias in ALIASES.items():
-            if key in record:
-                record[alias] = record[key]
-        out.append(record)
-    return out
+                publish_metrics(self.metrics_path)
+            except Exception as e:  # the periodic uploads and the final one retry
+                logger.warning("could not upload metrics after the checkpoint at step %s: %s", step, e)
+            if commit_callback is not None:
+                commit_callback()
+
+        return super().save_checkpoint(tree, step, destination, committed, **kwargs)
 
 
-def write_metrics(path: str, records: list[dict[str, Any]]) -> None:
-    """Replace `path` with `records`, one line each, atomically."""
-    with open(path + ".tmp", "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
-    os.replace(path + ".tmp", path)
+@dataclasses.dataclass
+class MetricsCheckpointerConfig(CheckpointerConfig):
+    """`TrainerConfig.checkpointer` whose checkpointer is a `MetricsCheckpointer` for `metrics_path`."""
+
+    metrics_path: str = "metrics.jsonl"
+    """The local file the metrics tracker appends to (published only if it has a running uploader)."""
+
+    def create(self, run_id: Any) -> Checkpointer:
+        checkpointer = super().create(run_id)
+        # Levanter builds the checkpointer from its own fields (whatever they are in this version);
+        # only the class changes, so that save_checkpoint publishes first.
+        checkpointer.__class__ = MetricsCheckpointer
+        checkpointer.metrics_path = self.metrics_path  # type: ignore[attr-defined]
+        return checkpointer
 
 
 @TrackerConfig.register_subclass("drydock_jsonl")
@@ -196,13 +224,16 @@ class JsonlTrackerConfig(TrackerConfig):
     """Levanter tracker config for `JsonlTracker`."""
 
     path: str = "metrics.jsonl"
+    """Where lines are appended: a local path (see `MetricsUploader` for object storage)."""
     spike_factor: float | None = 3.0
     spike_window: int = 50
+    summary_path: str | None = None
+    """Where Levanter's run summary goes (a path or URL); None: `summary.json` beside `path`."""
 
     def init(self, run_id: str | None) -> Tracker:
         if jax.process_index() != 0:
             return NoopTracker()
-        return JsonlTracker(self.path, self.spike_factor, self.spike_window)
+        return JsonlTracker(self.path, self.spike_factor, self.spike_window, self.summary_path)
 
 
 # -- the Mixtral fix ----------------------------------------------------------------------------------

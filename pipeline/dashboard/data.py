@@ -64,7 +64,7 @@ LOGS_DIR = ".logs"
 METRICS_FILE = "metrics.jsonl"
 RESULTS_FILE = "results.json"
 
-# The short names train_moe's tracker gives Levanter's keys (steps.training_hooks.ALIASES): a
+# The short names train_moe's tracker gives Levanter's keys (steps.metrics.ALIASES): a
 # metrics.jsonl still being written has only the long ones, a compacted one has both.
 METRIC_ALIASES = {
     "train/loss": "loss",
@@ -388,7 +388,7 @@ def _number(value: Any) -> float | None:
 def read_metrics(storage: Storage, directory: str) -> Metrics | None:
     """The step's metrics.jsonl merged per step (later lines win), or None if there is none.
 
-    Torn or foreign lines are skipped, as `steps.training_hooks.read_metrics` does.
+    Torn or foreign lines are skipped, as `steps.metrics.read_metrics` does.
     """
     data = storage.read(f"{directory}/{METRICS_FILE}")
     if data is None:

@@ -1,0 +1,341 @@
+"""train_moe and evaluate with their outputs on object storage: moto's S3 server on loopback.
+
+The writers (metrics.jsonl, its uploader, the checkpoint-time publishing, summary.json, results.json,
+loss.png) are tested one by one against the server; one slow test runs a whole experiment with an
+`s3://` prefix (tokenize, mixture, train_moe killed after a checkpoint and resumed, evaluate), with
+Levanter's checkpoints and the Hugging Face export on the same server.
+
+Levanter hands tensorstore (checkpoints, token caches) the endpoint in `AWS_ENDPOINT_URL`, not the
+S3-specific `AWS_ENDPOINT_URL_S3` that boto3 and s3fs also read, so the fixture sets both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import fsspec
+import jax.numpy as jnp
+import pytest
+import s3fs
+
+from pipeline import step_events
+from pipeline.lease import Owner
+from pipeline.storage import RUNNING, StepStore, open_storage
+from steps.evaluate import EvaluateConfig, _checkpoint, plot_loss
+from steps.evaluate import report as evaluate_report
+from steps.train_moe import _latest_step
+from steps.training_hooks import (
+    JsonlTracker,
+    MetricsCheckpointerConfig,
+    MetricsUploader,
+    begin_metrics,
+    publish_metrics,
+    read_metrics,
+    write_file,
+    write_metrics,
+)
+from tests.s3server import moto_s3, s3_environment
+from tests.steps.test_train import EXPERIMENT, QWEN, ROOT
+
+BUCKET = "drydock-train-test"
+
+
+@pytest.fixture(scope="module")
+def s3_env() -> Iterator[dict[str, str]]:
+    """A moto server with a bucket; this process's environment points at it while the module runs."""
+    with moto_s3() as endpoint:
+        variables = {**s3_environment(endpoint), "AWS_ENDPOINT_URL": endpoint}
+        saved = {name: os.environ.get(name) for name in variables}
+        os.environ.update(variables)
+        s3fs.S3FileSystem.clear_instance_cache()  # instances made before read other settings
+        try:
+            fsspec.filesystem("s3").mkdir(BUCKET)
+            yield variables
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.fixture
+def url(s3_env) -> str:
+    """A fresh directory URL in the bucket."""
+    return f"s3://{BUCKET}/t-{uuid.uuid4().hex[:12]}"
+
+
+def cat(path: str) -> str:
+    with fsspec.open(path, "r") as f:
+        return f.read()
+
+
+def glob(pattern: str) -> list[str]:
+    """The URLs matching an s3:// `pattern` now (s3fs would otherwise answer from its listing cache)."""
+    s3 = fsspec.filesystem("s3")
+    s3.invalidate_cache()
+    return ["s3://" + p for p in s3.glob(pattern.removeprefix("s3://"))]
+
+
+def exists(path: str) -> bool:
+    fs, plain = fsspec.core.url_to_fs(path)
+    fs.invalidate_cache()
+    return fs.exists(plain)
+
+
+def append(path: Path, *records: dict) -> None:
+    with path.open("a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+
+
+# -- metrics.jsonl by URL ----------------------------------------------------------------------------
+
+
+def test_metrics_are_written_and_read_by_url(url):
+    path = f"{url}/train/metrics.jsonl"
+    assert read_metrics(path) == []  # nothing there yet
+    write_metrics(path, [{"step": 1, "train/loss": 3.0}, {"step": 2, "train/loss": 2.5}])
+    records = read_metrics(path)
+    assert [(r["step"], r["loss"]) for r in records] == [(1, 3.0), (2, 2.5)]
+    assert [r["step"] for r in read_metrics(path, up_to=1)] == [1]
+
+
+def test_resume_keeps_the_remote_lines_up_to_the_checkpoint_in_both_copies(url, tmp_path):
+    remote = f"{url}/metrics.jsonl"
+    lines = [{"step": s, "train/loss": 5.0 - s / 10} for s in range(10)]
+    lines += [{"step": s, "router/max_load_ratio": 1.5} for s in range(0, 10, 5)]
+    text = "".join(json.dumps(r) + "\n" for r in lines) + '{"step": 10, "train/lo'  # torn by a kill
+    write_file(remote, text.encode())
+    local = str(tmp_path / "scratch" / "metrics.jsonl")
+
+    kept = begin_metrics(remote, local, resumed_from=5)
+
+    assert [r["step"] for r in kept] == [0, 1, 2, 3, 4, 5]
+    assert kept[5]["router_max_load_ratio"] == 1.5 and kept[5]["loss"] == pytest.approx(4.5)
+    for copy in (remote, local):  # one line per step, the steps after the checkpoint dropped
+        assert [json.loads(line)["step"] for line in cat(copy).splitlines()] == [0, 1, 2, 3, 4, 5]
+    begin_metrics(remote, local, resumed_from=None)  # a fresh start keeps nothing
+    assert cat(remote) == "" and cat(local) == ""
+
+
+# -- the uploader ------------------------------------------------------------------------------------
+
+
+def test_upload_sends_whole_lines_and_only_when_the_file_changed(url, tmp_path):
+    local = tmp_path / "metrics.jsonl"
+    remote = f"{url}/metrics.jsonl"
+    uploader = MetricsUploader(str(local), remote, interval=3600)
+    assert not uploader.upload() and not exists(remote)  # no file yet: nothing to publish
+    append(local, {"step": 1, "train/loss": 3.0})
+    with local.open("a") as f:
+        f.write('{"step": 2, "train/lo')  # the tracker half-way through a line
+    assert uploader.upload()
+    assert [r["step"] for r in read_metrics(remote)] == [1]
+    assert cat(remote).endswith("}\n")
+    assert not uploader.upload()  # unchanged since: no second request
+    with local.open("a") as f:
+        f.write('ss": 2.5}\n')
+    assert uploader.upload() and uploader.uploads == 2
+    assert [r["loss"] for r in read_metrics(remote)] == [3.0, 2.5]
+
+
+def test_uploader_publishes_while_running_and_the_rest_when_closed(url, tmp_path):
+    local = tmp_path / "metrics.jsonl"
+    remote = f"{url}/metrics.jsonl"
+    append(local, {"step": 1, "train/loss": 3.0})
+    with MetricsUploader(str(local), remote, interval=0.05) as uploader:
+        deadline = time.monotonic() + 60
+        while uploader.uploads == 0:  # the thread's first periodic upload
+            assert time.monotonic() < deadline, "no periodic upload"
+            time.sleep(0.01)
+        assert [r["step"] for r in read_metrics(remote)] == [1]
+    # A long interval: only close() can publish what is appended now.
+    with MetricsUploader(str(local), remote, interval=3600) as uploader:
+        append(local, {"step": 2, "train/loss": 2.5})
+        assert publish_metrics(str(local))  # what the checkpointer does, through the running uploader
+        append(local, {"step": 3, "train/loss": 2.0})
+    assert [r["step"] for r in read_metrics(remote)] == [1, 2, 3]
+    append(local, {"step": 4, "train/loss": 1.5})
+    assert not publish_metrics(str(local))  # closed: no longer registered
+
+
+def test_a_copy_already_published_is_uploaded_only_once_it_changes(url, tmp_path):
+    remote = f"{url}/metrics.jsonl"
+    local = str(tmp_path / "metrics.jsonl")
+    begin_metrics(remote, local, resumed_from=None)
+    write_file(remote, b'{"step": 1, "train/loss": 3.0}\n')  # meanwhile, the host whose tracker writes
+    # Another host of a TPU pod: its tracker is a no-op, so its copy never changes.
+    with MetricsUploader(local, remote, interval=0.01, already_published=True) as uploader:
+        assert not publish_metrics(local)
+    assert uploader.uploads == 0 and [r["step"] for r in read_metrics(remote)] == [1]
+    with MetricsUploader(local, remote, interval=3600, already_published=True) as uploader:
+        append(Path(local), {"step": 2, "train/loss": 2.5})
+    assert uploader.uploads == 1 and [r["step"] for r in read_metrics(remote)] == [2]
+
+
+def test_a_failed_run_still_publishes_its_metrics_and_keeps_its_own_error(url, tmp_path):
+    local = tmp_path / "metrics.jsonl"
+    remote = f"{url}/metrics.jsonl"
+    with (
+        pytest.raises(RuntimeError, match="training failed"),
+        MetricsUploader(str(local), remote, interval=3600),
+    ):
+        append(local, {"step": 7, "train/loss": 2.0})
+        raise RuntimeError("training failed")
+    assert [r["step"] for r in read_metrics(remote)] == [7]
+
+
+def test_the_upload_interval_must_be_positive(tmp_path):
+    with pytest.raises(ValueError, match="interval must be positive, got 0"):
+        MetricsUploader(str(tmp_path / "m.jsonl"), "s3://bucket/m.jsonl", interval=0)
+
+
+# -- the tracker with an s3:// step -----------------------------------------------------------------
+
+
+def test_tracker_appends_locally_and_warns_and_reports_progress_into_an_s3_step(url, tmp_path):
+    step_dir = f"{url}/train/x-abc"
+    store = StepStore(open_storage(step_dir))
+    owner = Owner.current()
+    token = store.acquire(step_dir, owner, ttl=60).token
+    local = tmp_path / "scratch" / "metrics.jsonl"
+    with step_events.bind(step_events.StepContext(step_dir, owner.run_id, token)):
+        tracker = JsonlTracker(str(local), 3.0, 50, summary_path=f"{step_dir}/summary.json")
+    with MetricsUploader(str(local), f"{step_dir}/metrics.jsonl", interval=3600):
+        for step in range(1, 13):  # Levanter logs run_progress = step / num_train_steps
+            tracker.log({"train/loss": 2.0 if step < 12 else 9.0, "run_progress": step / 12}, step=step)
+        tracker.log_summary({"parameter_count": 1234})
+    assert [r["step"] for r in read_metrics(f"{step_dir}/metrics.jsonl")] == list(range(1, 13))
+    events = store.events(step_dir)
+    assert [e.event for e in events] == [RUNNING, "WARNING"]
+    assert events[1].message.startswith("loss spike at step 12: 9.0000 is 4.5x")
+    progress = json.loads(cat(f"{step_dir}/.progress"))
+    assert progress["done"] == 12 and progress["total"] == 12 and progress["data"] == {"loss": 9.0}
+    assert json.loads(cat(f"{step_dir}/summary.json")) == {"parameter_count": 1234}
+
+
+def test_tracker_refuses_a_path_it_cannot_append_to(url):
+    with pytest.raises(ValueError, match="must be a local path"):
+        JsonlTracker(f"{url}/metrics.jsonl", 3.0, 50)
+
+
+# -- checkpoints on s3 ------------------------------------------------------------------------------
+
+
+def save_checkpoint(checkpoints: str, step: int, metrics_path: str) -> None:
+    """A real Levanter checkpoint of a small tree, through the checkpointer train_moe configures."""
+    config = MetricsCheckpointerConfig(
+        metrics_path=metrics_path, base_path=checkpoints, append_run_id_to_base_path=False, keep=None
+    )
+    checkpointer = config.create("test")
+    checkpointer.save_checkpoint({"w": jnp.arange(4.0)}, step, f"step-{step}")
+    checkpointer.wait_until_finished()
+
+
+def test_metrics_are_published_before_a_checkpoint_is_saved(url, tmp_path):
+    local = tmp_path / "metrics.jsonl"
+    remote = f"{url}/metrics.jsonl"
+    checkpoints = f"{url}/checkpoints"
+    with MetricsUploader(str(local), remote, interval=3600):  # no periodic upload during the test
+        append(local, *({"step": s, "train/loss": 3.0} for s in range(4)))
+        save_checkpoint(checkpoints, 3, str(local))
+        # The lines up to the checkpoint's step are on the output: a resume from it loses nothing.
+        assert [r["step"] for r in read_metrics(remote)] == [0, 1, 2, 3]
+    assert _latest_step(checkpoints) == (f"{checkpoints}/step-3", 3)
+    assert _latest_step(f"{url}/nothing-here") == (None, None)
+
+
+def test_evaluate_finds_checkpoints_and_writes_its_files_by_url(url, tmp_path):
+    train, output = f"{url}/train", f"{url}/evaluate"
+    save_checkpoint(f"{train}/checkpoints", 2, str(tmp_path / "unused.jsonl"))
+    save_checkpoint(f"{train}/checkpoints", 5, str(tmp_path / "unused.jsonl"))
+    config = EvaluateConfig(train=train, data=f"{url}/mixture", output=output)
+    assert _checkpoint(config) == (f"{train}/checkpoints/step-5", 5)
+    assert _checkpoint(EvaluateConfig(train=train, data="", output=output, checkpoint_step=2))[1] == 2
+    with pytest.raises(FileNotFoundError, match="checkpoint_step 3: no complete checkpoint"):
+        _checkpoint(EvaluateConfig(train=train, data="", output=output, checkpoint_step=3))
+    # Uncompacted lines, as while training runs: the plot merges them per step.
+    write_file(
+        f"{train}/metrics.jsonl",
+        "".join(json.dumps({"step": s, "train/loss": 3.0 - s / 10}) + "\n" for s in range(6)).encode(),
+    )
+    plot_loss(f"{train}/metrics.jsonl", f"{output}/loss.png", 5, {"prose": {"loss": 2.4}})
+    with fsspec.open(f"{output}/loss.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert evaluate_report(config) is None  # no results.json yet
+    result = {
+        "checkpoint": f"{train}/checkpoints/step-5",
+        "checkpoint_step": 5,
+        "validation_sets": {"prose": {"loss": 2.4, "bits_per_byte": 0.9, "perplexity": 11.0}},
+        "average": {"loss": 2.4, "bits_per_byte": 0.9, "perplexity": 11.0},
+    }
+    write_file(f"{output}/results.json", json.dumps(result).encode())
+    text = evaluate_report(config)
+    assert "prose" in text and "2.400" in text and f"loss plot:  {output}/loss.png" in text
+
+
+# -- a whole experiment on s3 -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_an_experiment_on_s3_trains_resumes_after_a_kill_and_evaluates(s3_env, tmp_path):
+    steps = 30
+    prefix = f"s3://{BUCKET}/run-{uuid.uuid4().hex[:12]}"
+    exp = tmp_path / "exp.py"
+    text = EXPERIMENT.format(root=str(ROOT), model=dict(QWEN), optimizer=dict(name="adamw"), steps=steps)
+    # Never upload by the clock here: what survives the kill was published at the checkpoint.
+    text = text.replace("router_stats_interval=5)", "router_stats_interval=5, metrics_upload_seconds=3600)")
+    assert "metrics_upload_seconds=3600" in text
+    exp.write_text(text)
+    cwd, scratch = tmp_path / "cwd", tmp_path / "scratch"
+    cwd.mkdir()
+    env = {**os.environ, **s3_env, "PYTHONPATH": str(ROOT), "DRYDOCK_SCRATCH": str(scratch)}
+    env["RAY_AUTH_MODE"] = "disabled"
+    command = [sys.executable, "-m", "pipeline", "run", str(exp), "--prefix", prefix, "--backend", "local"]
+
+    proc = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    stderr: list[bytes] = []
+    reader = threading.Thread(target=lambda: stderr.append(proc.stderr.read()), daemon=True)
+    reader.start()  # drained, so that a chatty run never blocks on a full pipe
+    deadline = time.monotonic() + 900
+    while not glob(f"{prefix}/train/test-*/checkpoints/step-10/metadata.json"):
+        assert proc.poll() is None, b"".join(stderr)[-3000:].decode(errors="replace")
+        assert time.monotonic() < deadline, "no checkpoint at step 10"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    (train,) = [p for p in glob(f"{prefix}/train/test-*") if not p.endswith(".json")]
+    assert not exists(f"{train}/train_result.json")
+    assert read_metrics(f"{train}/metrics.jsonl"), "nothing published before the checkpoint"
+
+    rerun = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=900)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+
+    outcome = json.loads(cat(f"{train}/train_result.json"))
+    assert outcome["resumed_from_step"] >= 10 and outcome["final_step"] == steps - 1
+    assert outcome["final_checkpoint"] == f"{train}/checkpoints/step-{steps - 1}"
+    records = read_metrics(f"{train}/metrics.jsonl")
+    assert [r["step"] for r in records if "loss" in r] == list(range(2, steps))  # each step once
+    assert any("router_max_load_ratio" in r for r in records)
+    for name in ("levanter_model.json", "summary.json", f"hf/step-{steps - 1}/config.json"):
+        assert exists(f"{train}/{name}"), name
+    assert glob(f"{train}/logs/*"), "Levanter's log was not uploaded"
+    (evaluation,) = [p for p in glob(f"{prefix}/evaluate/test-*") if not p.endswith(".json")]
+    results = json.loads(cat(f"{evaluation}/results.json"))
+    assert results["checkpoint_step"] == steps - 1
+    assert set(results["validation_sets"]) == {"prose", "arithmetic"}
+    assert exists(f"{evaluation}/loss.png")
+    # Nothing landed on local disk (no "s3:" directory); of the scratch copies, only the killed
+    # attempt's is left.
+    assert list(cwd.iterdir()) == []
+    assert len(list(scratch.iterdir())) == 1
