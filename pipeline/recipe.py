@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import importlib
 import importlib.util
 import json
@@ -126,8 +127,8 @@ def encode_value(
         return {"__enum__": ref, "value": encode_value(value.value, labels, step, path, main_module)}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = {
-            f.name: encode_value(getattr(value, f.name), labels, step, _join(path, f.name), main_module)
-            for f in dataclasses.fields(value)
+            name: encode_value(getattr(value, name), labels, step, _join(path, name), main_module)
+            for name in _field_names(type(value))
         }
         return {"__dataclass__": _class_ref(type(value), step, path, main_module), "fields": fields}
     if isinstance(value, PurePath):
@@ -150,6 +151,12 @@ def encode_value(
         "int, float, str, enums, paths, or lists, tuples, dicts and dataclasses of those",
         field=path or "config",
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def _field_names(cls: type) -> tuple[str, ...]:
+    # dataclasses.fields() builds a fresh tuple per call; a large DAG asks per config, per run.
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 def _join(path: str, key: str | int) -> str:
