@@ -250,7 +250,7 @@ def _bar(fraction: float, width: int = 12) -> str:
 
 
 def progress_text(row: StepStatus) -> str:
-    """`step 120/1000 loss 3.21` for training, `███░░ 40% 4/10 shards` for other progress."""
+    """`120/1,000 steps  loss 3.21` for training, `███░░ 40% 4/10 shards` for other progress."""
     parts = []
     p = row.progress
     # Done: a bar would only show how far the last (throttled) report had got.
@@ -264,7 +264,9 @@ def progress_text(row: StepStatus) -> str:
         parts.append(f"{p['done']:,} {p.get('unit', '')}".rstrip())
     if row.train_step is not None:
         total = p.get("total") if p is not None else None
-        parts.append(f"step {row.train_step}" + (f"/{total}" if total else ""))
+        # metrics.jsonl numbers steps from 0: after step index N, N + 1 steps are done.
+        done = row.train_step + 1
+        parts.append(f"{done:,}/{total:,} steps" if total else f"{done:,} steps")
     loss = row.loss
     if loss is None and p is not None and isinstance(p.get("data", {}).get("loss"), int | float):
         loss = p["data"]["loss"]

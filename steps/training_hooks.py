@@ -150,10 +150,12 @@ class JsonlTracker(Tracker):
                 f.write(json.dumps(record) + "\n")
         loss = record.get("train/loss")
         if isinstance(loss, int | float):
-            # Levanter logs run_progress = step / num_train_steps beside the loss.
+            # Levanter logs run_progress = step / num_train_steps beside the loss, where `step` is
+            # the 0-based index of the step just finished: step + 1 steps are done.
             fraction = record.get("run_progress")
             total = round(record["step"] / fraction) if isinstance(fraction, float) and fraction > 0 else None
-            step_events.progress(record["step"], total, "steps", data={"loss": loss}, context=self._context)
+            done = record["step"] + 1
+            step_events.progress(done, total, "steps", data={"loss": loss}, context=self._context)
         if self._guard is not None and isinstance(loss, int | float):
             median = self._guard.check(float(loss))
             if median is not None:

@@ -38,7 +38,7 @@ def train(config):
     """Reports progress and metrics, then holds until the test creates RELEASE."""
     os.makedirs(config.output, exist_ok=True)
     with open(os.path.join(config.output, "metrics.jsonl"), "w") as f:
-        f.write(json.dumps({{"step": 30, "train/loss": 2.5}}) + "\\n")
+        f.write(json.dumps({{"step": 29, "train/loss": 2.5}}) + "\\n")  # index 29: 30 steps done
     step_events.progress(30, 40, "steps", data={{"loss": 2.5}})
     while RELEASE and not os.path.exists(RELEASE):
         time.sleep(0.02)
@@ -106,11 +106,11 @@ def test_status_table_json_and_manifest(tmp_path):
     assert table.returncode == 0, table.stderr
     for column in ("step", "state", "attempt", "duration", "last event", "progress", "output"):
         assert column in table.stdout
-    assert "step 30/40" in table.stdout and "loss 2.5" in table.stdout
+    assert "30/40 steps" in table.stdout and "loss 2.5" in table.stdout
     doc = json.loads(drydock("status", str(exp), "--prefix", str(prefix), "--json").stdout)
     assert doc["counts"] == {"SUCCESS": 3}
     (train,) = [s for s in doc["steps"] if s["name"] == "train/b"]
-    assert train["train_step"] == 30 and train["loss"] == 2.5 and train["attempt"] == 1
+    assert train["train_step"] == 29 and train["loss"] == 2.5 and train["attempt"] == 1
     # The manifest alone is enough: no experiment file, no step code.
     (manifest,) = (prefix / "experiments").glob("*.json")
     from_manifest = json.loads(drydock("status", str(manifest), "--json").stdout)

@@ -88,14 +88,16 @@ def test_progress_and_training_metrics_show_for_the_current_attempt(tmp_path):
     assert not step_events.progress(310, 1000, "steps", context=context, clock=lambda: 1e9 + 0.5)
     # metrics.jsonl longer than the tail that is read: the last step and loss still come out.
     with open(os.path.join(b.output_path, "metrics.jsonl"), "w") as f:
-        for step in range(2000):
-            f.write(json.dumps({"step": step, "train/loss": 10.0 / (step + 1), "wall_time": 1.0}) + "\n")
-        f.write(json.dumps({"step": 2000, "eval/loss": 1.0}) + "\n")
-        f.write('{"step": 2001, "train/lo')  # a line being written
+        for step in range(300):  # 0-based step indices, as Levanter logs them: 300 steps done
+            record = {"step": step, "train/loss": 10.0 / (step + 1), "wall_time": 1.0, "pad": "x" * 60}
+            f.write(json.dumps(record) + "\n")
+        f.write(json.dumps({"step": 299, "eval/loss": 1.0}) + "\n")
+        f.write('{"step": 300, "train/lo')  # a line being written
     (row,) = [r for r in read_status(entries, store, now=time.time(), local_host=me.host) if r.entry == b]
     assert row.progress is not None and row.progress["done"] == 300 and row.progress["total"] == 1000
-    assert row.train_step == 2000 and row.loss == 10.0 / 2000
-    assert progress_text(row).startswith("████░░░░░░░░ 30%") and "step 2000/1000" in progress_text(row)
+    assert row.train_step == 299 and row.loss == 10.0 / 300
+    assert os.path.getsize(os.path.join(b.output_path, "metrics.jsonl")) > 16 * 1024  # beyond the tail
+    assert progress_text(row).startswith("████░░░░░░░░ 30%") and "300/1,000 steps" in progress_text(row)
     # A later attempt of the same step does not show the earlier attempt's progress.
     store.release(b.output_path, me, token)
     store.acquire(b.output_path, me, TTL, attempt=2)

@@ -212,13 +212,14 @@ def test_tracker_appends_locally_and_warns_and_reports_progress_into_an_s3_step(
     with step_events.bind(step_events.StepContext(step_dir, owner.run_id, token)):
         tracker = JsonlTracker(str(local), 3.0, 50, summary_path=f"{step_dir}/summary.json")
     with MetricsUploader(str(local), f"{step_dir}/metrics.jsonl", interval=3600):
-        for step in range(1, 13):  # Levanter logs run_progress = step / num_train_steps
-            tracker.log({"train/loss": 2.0 if step < 12 else 9.0, "run_progress": step / 12}, step=step)
+        # As Levanter logs a 12-step run: 0-based step indices, run_progress = step / num_train_steps.
+        for step in range(1, 12):
+            tracker.log({"train/loss": 2.0 if step < 11 else 9.0, "run_progress": step / 12}, step=step)
         tracker.log_summary({"parameter_count": 1234})
-    assert [r["step"] for r in read_metrics(f"{step_dir}/metrics.jsonl")] == list(range(1, 13))
+    assert [r["step"] for r in read_metrics(f"{step_dir}/metrics.jsonl")] == list(range(1, 12))
     events = store.events(step_dir)
     assert [e.event for e in events] == [RUNNING, "WARNING"]
-    assert events[1].message.startswith("loss spike at step 12: 9.0000 is 4.5x")
+    assert events[1].message.startswith("loss spike at step 11: 9.0000 is 4.5x")
     progress = json.loads(cat(f"{step_dir}/.progress"))
     assert progress["done"] == 12 and progress["total"] == 12 and progress["data"] == {"loss": 9.0}
     assert json.loads(cat(f"{step_dir}/summary.json")) == {"parameter_count": 1234}
