@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 from pipeline import main as main_module
 from pipeline.errors import DrydockError
+from pipeline.recipe import is_manifest
 
 __all__ = ["main"]
 
@@ -110,11 +111,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: experiment file {path!r} does not exist", file=sys.stderr)
         return 2
     return run_file(path, options)
-
-
-def is_manifest(path: str) -> bool:
-    """Whether a command's argument names a run manifest rather than an experiment file."""
-    return path.endswith(".json")
 
 
 def run_manifest(location: str, options: Sequence[str]) -> int:

@@ -29,6 +29,7 @@ from rich.console import Console
 from pipeline.errors import DrydockError, StepDeclarationError
 from pipeline.lease import Owner
 from pipeline.main import ExecutorMainConfig, prepare
+from pipeline.recipe import is_manifest
 from pipeline.status_view import (
     StepEntry,
     StepStatus,
@@ -54,10 +55,6 @@ class _Parser(argparse.ArgumentParser):
         raise StepDeclarationError(None, f"{self.prog}: {message}", field="argv")
 
 
-def _is_manifest(target: str) -> bool:
-    return target.endswith(".json")
-
-
 @dataclass
 class _Loaded:
     """The steps of a FILE or MANIFEST with the options given for it."""
@@ -77,7 +74,7 @@ def _with_steps(target: str, options: Sequence[str], body: Callable[[_Loaded], i
     from pipeline import cli
     from pipeline import main as main_module
 
-    if _is_manifest(target):
+    if is_manifest(target):
         from pipeline.main import parse_options
         from pipeline.recipe import load_recipe, rerun_argv
 
@@ -150,7 +147,7 @@ def _dag_source(loaded: _Loaded) -> _Source:
 
 def _with_source(target: str, options: Sequence[str], body: Callable[[_Source], int]) -> int:
     """Call `body` with the steps to show: from a MANIFEST directly, or from a FILE's DAG."""
-    if _is_manifest(target):
+    if is_manifest(target):
         return body(_manifest_source(target, options))
     return _with_steps(target, options, lambda loaded: body(_dag_source(loaded)))
 

@@ -38,6 +38,7 @@ from pipeline.step import OutputOf, Resources, Step, ThisOutput, Versioned
 __all__ = [
     "RecipeError",
     "encode_step",
+    "is_manifest",
     "load_manifest",
     "load_recipe",
     "recipe_entries",
@@ -56,6 +57,12 @@ _MARKERS = (
     "__dict__",
     "__path__",
 )
+
+
+def is_manifest(path: str) -> bool:
+    """Whether a command's argument names a run manifest (`<name>-<hash>.json`) rather than an
+    experiment file; `run`, `plan`, `status`, `dag` and `explain` accept either."""
+    return path.endswith(".json")
 
 
 class RecipeError(StepDeclarationError):
