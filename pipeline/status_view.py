@@ -28,6 +28,7 @@ from rich.text import Text
 
 from pipeline.dag import Dag
 from pipeline.lease import is_stale
+from pipeline.metrics_file import METRICS_FILE
 from pipeline.storage import (
     PROGRESS,
     RUNNING,
@@ -38,7 +39,6 @@ from pipeline.storage import (
 )
 
 __all__ = [
-    "METRICS_FILE",
     "StepEntry",
     "StepStatus",
     "entries_from_dag",
@@ -48,9 +48,6 @@ __all__ = [
     "status_table",
     "watch",
 ]
-
-METRICS_FILE = "metrics.jsonl"
-"""A training step's per-step metrics (see steps/training_hooks.py); status shows its last step and loss."""
 
 _TAIL_BYTES = 16 * 1024  # a few dozen metrics lines: enough to find the latest step and loss
 

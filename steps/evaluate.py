@@ -26,6 +26,7 @@ from typing import Any
 import fsspec
 
 from pipeline import Resources, Step, output_of, this_output, versioned
+from steps.metrics import exists
 
 __all__ = ["EvaluateConfig", "evaluate", "evaluate_step"]
 
@@ -78,11 +79,6 @@ def evaluate_step(
     )
 
 
-def _exists(path: str) -> bool:
-    fs, plain = fsspec.core.url_to_fs(path)
-    return fs.exists(plain)
-
-
 def _checkpoint(config: EvaluateConfig) -> tuple[str, int]:
     """The checkpoint to evaluate (a path or URL, like `config.train`) and its step."""
     # Levanter's discovery lists and reads through fsspec, so URLs work; it returns them as URLs.
@@ -93,7 +89,7 @@ def _checkpoint(config: EvaluateConfig) -> tuple[str, int]:
     fs.invalidate_cache()  # a training still going writes checkpoints this process has not listed
     if config.checkpoint_step is not None:
         path = os.path.join(root, f"step-{config.checkpoint_step}")
-        if not _exists(os.path.join(path, "metadata.json")):
+        if not exists(os.path.join(path, "metadata.json")):
             raise FileNotFoundError(
                 f"checkpoint_step {config.checkpoint_step}: no complete checkpoint at {path}"
             )
@@ -196,7 +192,7 @@ def evaluate(config: EvaluateConfig) -> dict[str, Any]:
 def report(config: EvaluateConfig) -> str | None:
     """The end-of-run summary (pipeline.preview): the evaluation table and where the plot is."""
     path = os.path.join(config.output, "results.json")
-    if not _exists(path):
+    if not exists(path):
         return None
     with fsspec.open(path, "r") as f:
         result = json.load(f)
@@ -211,7 +207,7 @@ def report(config: EvaluateConfig) -> str | None:
         )
     lines.append(f"  checkpoint: step {result['checkpoint_step']} ({result['checkpoint']})")
     plot = os.path.join(config.output, "loss.png")
-    if _exists(plot):
+    if exists(plot):
         lines.append(f"  loss plot:  {plot}")
     return "\n".join(lines)
 

@@ -18,27 +18,21 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from pipeline.metrics_file import ALIASES, parse_metrics
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "ALIASES",
     "MetricsUploader",
     "begin_metrics",
+    "exists",
     "local_path",
     "publish_metrics",
     "read_metrics",
     "write_file",
     "write_metrics",
 ]
-
-# Friendly names in metrics.jsonl for Levanter's keys.
-ALIASES = {
-    "train/loss": "loss",
-    "optim/learning_rate": "learning_rate",
-    "throughput/tokens_per_second": "tokens_per_second",
-    "router/max_load_ratio": "router_max_load_ratio",
-}
-
 
 # -- files by path or URL ------------------------------------------------------------------------------
 
@@ -48,6 +42,12 @@ def local_path(path: str) -> str | None:
     other URL (gs://, s3://, memory://...), where files can only be replaced whole."""
     fs, plain = fsspec.core.url_to_fs(path)
     return plain if isinstance(fs, LocalFileSystem) else None
+
+
+def exists(path: str) -> bool:
+    """Whether a file or directory exists at `path` (a path or URL)."""
+    fs, plain = fsspec.core.url_to_fs(path)
+    return fs.exists(plain)
 
 
 def write_file(path: str, data: bytes) -> None:
@@ -69,31 +69,14 @@ def write_file(path: str, data: bytes) -> None:
 def read_metrics(path: str, *, up_to: int | None = None) -> list[dict[str, Any]]:
     """One record per step, in step order, with the short aliases (`loss`, `learning_rate`, ...).
 
-    `path` is a path or URL; a missing file has no records. Lines of one step merge (later keys
-    win); torn lines from a kill are skipped; with `up_to`, steps after it are dropped (they will be
-    computed again by a resumed run).
+    `path` is a path or URL; a missing file has no records. See `pipeline.metrics_file` for how
+    lines merge; with `up_to`, steps after it are dropped (a resumed run computes them again).
     """
-    merged: dict[int, dict[str, Any]] = {}
     fs, plain = fsspec.core.url_to_fs(path)
     if not fs.exists(plain):
         return []
     with fs.open(plain, "r") as f:
-        for line in f:
-            try:
-                record = json.loads(line)
-                step = int(record["step"])
-            except (ValueError, KeyError, TypeError):
-                continue
-            if up_to is None or step <= up_to:
-                merged.setdefault(step, {}).update(record)
-    out = []
-    for step in sorted(merged):
-        record = merged[step]
-        for key, alias in ALIASES.items():
-            if key in record:
-                record[alias] = record[key]
-        out.append(record)
-    return out
+        return parse_metrics(f, up_to=up_to)
 
 
 def write_metrics(path: str, records: list[dict[str, Any]]) -> None:

@@ -43,6 +43,7 @@ from typing import Any, Literal
 import fsspec
 
 from pipeline import Resources, Step, output_of, this_output, versioned
+from steps.metrics import exists
 from steps.moe import MoeModelConfig, parameter_counts
 
 __all__ = ["OptimizerSpec", "TrainMoeConfig", "train_moe", "train_moe_step"]
@@ -175,7 +176,7 @@ def report(config: TrainMoeConfig) -> dict[str, Any] | None:
     from steps.metrics import read_metrics
 
     metrics_path = os.path.join(config.output, "metrics.jsonl")
-    if not _exists(metrics_path):
+    if not exists(metrics_path):
         return None
     losses = [(row["step"], row["loss"]) for row in read_metrics(metrics_path) if "loss" in row]
     out: dict[str, Any] = {}
@@ -186,11 +187,6 @@ def report(config: TrainMoeConfig) -> dict[str, Any] | None:
     out["metrics"] = metrics_path
     out["checkpoints"] = os.path.join(config.output, "checkpoints")
     return out
-
-
-def _exists(path: str) -> bool:
-    fs, plain = fsspec.core.url_to_fs(path)
-    return fs.exists(plain)
 
 
 def _tokenizer_size_if_known(data: str) -> int | None:

@@ -29,6 +29,7 @@ from typing import Any
 
 from pipeline.identity import HASH_CHARS
 from pipeline.lease import LeaseRecord, host_id, is_stale
+from pipeline.metrics_file import METRICS_FILE, parse_metrics
 from pipeline.storage import (
     HIDDEN_FILES,
     PROGRESS,
@@ -61,17 +62,8 @@ __all__ = [
 
 MANIFEST_DIR = "experiments"
 LOGS_DIR = ".logs"
-METRICS_FILE = "metrics.jsonl"
 RESULTS_FILE = "results.json"
 
-# The short names train_moe's tracker gives Levanter's keys (steps.metrics.ALIASES): a
-# metrics.jsonl still being written has only the long ones, a compacted one has both.
-METRIC_ALIASES = {
-    "train/loss": "loss",
-    "optim/learning_rate": "learning_rate",
-    "throughput/tokens_per_second": "tokens_per_second",
-    "router/max_load_ratio": "router_max_load_ratio",
-}
 MAX_CHART_POINTS = 2000
 """Longer curves are thinned to about this many points: a browser draws them as fast, and a
 100,000-step run does not ship megabytes of JSON per page view."""
@@ -388,24 +380,12 @@ def _number(value: Any) -> float | None:
 def read_metrics(storage: Storage, directory: str) -> Metrics | None:
     """The step's metrics.jsonl merged per step (later lines win), or None if there is none.
 
-    Torn or foreign lines are skipped, as `steps.metrics.read_metrics` does.
+    Lines are merged and aliased by `pipeline.metrics_file`, the reader the training step uses.
     """
     data = storage.read(f"{directory}/{METRICS_FILE}")
     if data is None:
         return None
-    merged: dict[int, dict[str, Any]] = {}
-    for line in data.splitlines():
-        try:
-            record = json.loads(line)
-            number = int(record["step"])
-        except (ValueError, KeyError, TypeError):
-            continue
-        merged.setdefault(number, {}).update(record)
-    ordered = [merged[s] for s in sorted(merged)]
-    for record in ordered:
-        for key, alias in METRIC_ALIASES.items():
-            if key in record and alias not in record:
-                record[alias] = record[key]
+    ordered = parse_metrics(data.splitlines())
     stride = max(1, math.ceil(len(ordered) / MAX_CHART_POINTS))
     # Thin evenly but always keep the last point: it is the one a user is watching.
     shown = ordered[::stride]
