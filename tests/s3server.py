@@ -5,11 +5,13 @@
 
 `s3_environment(endpoint)` is what points boto3/s3fs (and so Drydock, in this process and in
 the runners it starts) at the server: the same variables a user sets for any S3-protocol store.
+`s3_bucket_environment(bucket)` does all of it for a fixture: server, environment, bucket.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
 import sys
@@ -20,7 +22,7 @@ import urllib.request
 from collections.abc import Iterator
 from typing import IO
 
-__all__ = ["moto_s3", "s3_environment"]
+__all__ = ["moto_s3", "s3_bucket_environment", "s3_environment"]
 
 
 def _free_port() -> int:
@@ -37,6 +39,32 @@ def s3_environment(endpoint: str) -> dict[str, str]:
         "AWS_DEFAULT_REGION": "us-east-1",
         "AWS_ENDPOINT_URL_S3": endpoint,
     }
+
+
+@contextlib.contextmanager
+def s3_bucket_environment(bucket: str, **extra: str) -> Iterator[dict[str, str]]:
+    """A moto server with `bucket`; this process's environment points at it (plus `extra`
+    variables, in which `{endpoint}` stands for the server's URL) until the block ends. Yields the
+    variables, for subprocesses."""
+    import fsspec
+    import s3fs
+
+    with moto_s3() as endpoint:
+        variables = {**s3_environment(endpoint), **extra}
+        variables = {name: value.format(endpoint=endpoint) for name, value in variables.items()}
+        saved = {name: os.environ.get(name) for name in variables}
+        os.environ.update(variables)
+        s3fs.S3FileSystem.clear_instance_cache()  # instances made before read other settings
+        try:
+            fsspec.filesystem("s3").mkdir(bucket)
+            yield variables
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            s3fs.S3FileSystem.clear_instance_cache()
 
 
 @contextlib.contextmanager

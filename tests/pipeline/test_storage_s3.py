@@ -23,7 +23,6 @@ from pathlib import Path
 
 import fsspec
 import pytest
-import s3fs
 
 from pipeline import ExecutorMainConfig, Step, output_of, run_experiment, this_output, versioned
 from pipeline.errors import StorageError
@@ -49,7 +48,7 @@ from tests.pipeline.test_storage import (  # noqa: F401  (re-run here with an s3
     test_second_runner_sees_live_lease_as_held,
     test_token_survives_a_lost_lease_file,
 )
-from tests.s3server import moto_s3, s3_environment
+from tests.s3server import s3_bucket_environment
 
 BUCKET = "drydock-test"
 
@@ -57,21 +56,8 @@ BUCKET = "drydock-test"
 @pytest.fixture(scope="session")
 def s3_bucket() -> Iterator[str]:
     """A bucket on a moto server started for this session; the environment points at it."""
-    with moto_s3() as endpoint:
-        variables = s3_environment(endpoint)
-        saved = {name: os.environ.get(name) for name in variables}
-        os.environ.update(variables)
-        s3fs.S3FileSystem.clear_instance_cache()  # instances made before read other settings
-        try:
-            fsspec.filesystem("s3").mkdir(BUCKET)
-            yield BUCKET
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
-            s3fs.S3FileSystem.clear_instance_cache()
+    with s3_bucket_environment(BUCKET):
+        yield BUCKET
 
 
 def s3_prefix(bucket: str) -> str:

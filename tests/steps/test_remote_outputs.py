@@ -25,7 +25,6 @@ from pathlib import Path
 import fsspec
 import jax.numpy as jnp
 import pytest
-import s3fs
 
 from pipeline import step_events
 from pipeline.lease import Owner
@@ -43,7 +42,7 @@ from steps.training_hooks import (
     write_file,
     write_metrics,
 )
-from tests.s3server import moto_s3, s3_environment
+from tests.s3server import s3_bucket_environment
 from tests.steps.test_train import EXPERIMENT, QWEN, ROOT
 
 BUCKET = "drydock-train-test"
@@ -52,21 +51,9 @@ BUCKET = "drydock-train-test"
 @pytest.fixture(scope="module")
 def s3_env() -> Iterator[dict[str, str]]:
     """A moto server with a bucket; this process's environment points at it while the module runs."""
-    with moto_s3() as endpoint:
-        variables = {**s3_environment(endpoint), "AWS_ENDPOINT_URL": endpoint}
-        saved = {name: os.environ.get(name) for name in variables}
-        os.environ.update(variables)
-        s3fs.S3FileSystem.clear_instance_cache()  # instances made before read other settings
-        try:
-            fsspec.filesystem("s3").mkdir(BUCKET)
-            yield variables
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
-            s3fs.S3FileSystem.clear_instance_cache()
+    # Levanter hands AWS_ENDPOINT_URL (not the S3-specific variable) to TensorStore.
+    with s3_bucket_environment(BUCKET, AWS_ENDPOINT_URL="{endpoint}") as variables:
+        yield variables
 
 
 @pytest.fixture
