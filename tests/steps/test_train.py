@@ -116,18 +116,7 @@ def test_tiny_qwen3_moe_trains_and_evaluates(tmp_path):
 
 
 def test_tiny_mixtral_with_a_shared_expert_trains_with_muon(tmp_path):
-    model = dict(
-        family="mixtral",
-        hidden_dim=64,
-        expert_intermediate_dim=128,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        num_experts=4,
-        num_experts_per_token=2,
-        num_shared_experts=1,
-        qk_norm=False,
-    )
+    model = {**QWEN, "family": "mixtral", "num_shared_experts": 1, "qk_norm": False}
     optimizer = dict(name="muon", learning_rate=0.02, adam_learning_rate=3e-3, weight_decay=0.0, warmup=0.1)
     exp = experiment(tmp_path, model, optimizer, steps=40)
     train_and_evaluate(exp, tmp_path / "prefix")
