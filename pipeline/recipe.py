@@ -27,6 +27,7 @@ import json
 import math
 import os
 import runpy
+import types
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import PurePath
 from typing import Any
@@ -250,7 +251,7 @@ class _Resolver:
 
     def __init__(self, source_file: str | None) -> None:
         self.source_file = source_file
-        self._main: dict[str, Any] | None = None
+        self._main: types.SimpleNamespace | None = None
 
     def __call__(self, ref: str, step: str, field: str) -> Any:
         module_name, _, qualname = ref.partition(":")
@@ -258,7 +259,7 @@ class _Resolver:
             raise RecipeError(step, f"malformed reference {ref!r} (expected module:qualname)", field=field)
         try:
             if module_name == MAIN_MODULE:
-                obj: Any = _MainNamespace(self._main_namespace(step, field))
+                obj: Any = self._main_namespace(step, field)
             else:
                 obj = importlib.import_module(module_name)
             for part in qualname.split("."):
@@ -271,7 +272,7 @@ class _Resolver:
             ) from e
         return obj
 
-    def _main_namespace(self, step: str, field: str) -> dict[str, Any]:
+    def _main_namespace(self, step: str, field: str) -> types.SimpleNamespace:
         if self._main is None:
             if not self.source_file or not os.path.isfile(self.source_file):
                 raise RecipeError(
@@ -281,21 +282,8 @@ class _Resolver:
                     field=field,
                 )
             # Not as __main__: the file declares its steps but must not run executor_main.
-            self._main = runpy.run_path(self.source_file, run_name=RECIPE_MODULE)
+            self._main = types.SimpleNamespace(**runpy.run_path(self.source_file, run_name=RECIPE_MODULE))
         return self._main
-
-
-class _MainNamespace:
-    """Attribute access on the globals of an experiment file run by `runpy`."""
-
-    def __init__(self, namespace: Mapping[str, Any]) -> None:
-        self._namespace = namespace
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self._namespace[name]
-        except KeyError:
-            raise AttributeError(name) from None
 
 
 def decode_value(
