@@ -30,7 +30,6 @@ from pipeline.dag import Dag
 from pipeline.lease import is_stale
 from pipeline.metrics_file import METRICS_FILE
 from pipeline.storage import (
-    PROGRESS,
     RUNNING,
     SUCCESS,
     LocalStorage,
@@ -148,7 +147,7 @@ def _status(entry: StepEntry, store: StepStore, now: float, local_host: str) -> 
     if latest_run is not None:
         attempt = int(latest_run.data.get("attempt", len(runs))) if latest_run.data else len(runs)
     ended = last.time if last.event != RUNNING else None
-    progress = _progress(store, entry.output_path, latest_run)
+    progress = store.progress(entry.output_path, record.events)
     train_step, loss = _metrics_tail(store, entry.output_path)
     return StepStatus(
         entry,
@@ -163,20 +162,6 @@ def _status(entry: StepEntry, store: StepStore, now: float, local_host: str) -> 
         loss=loss,
         detail=detail,
     )
-
-
-def _progress(store: StepStore, step_dir: str, latest_run: StatusEvent | None) -> Mapping[str, Any] | None:
-    raw = store.storage.read(f"{step_dir}/{PROGRESS}")
-    if not raw or latest_run is None:
-        return None
-    try:
-        progress = json.loads(raw)
-    except ValueError:
-        return None
-    # Progress of an earlier attempt says nothing about this one.
-    if not isinstance(progress, dict) or progress.get("token") != latest_run.token:
-        return None
-    return progress
 
 
 def _metrics_tail(store: StepStore, step_dir: str) -> tuple[int | None, float | None]:

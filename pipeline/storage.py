@@ -559,6 +559,24 @@ class StepStore:
     def lease(self, step_dir: str) -> LeaseRecord | None:
         return LeaseRecord.parse(self.storage.read(f"{step_dir}/{LEASE}"))
 
+    def progress(self, step_dir: str, events: tuple[StatusEvent, ...]) -> Mapping[str, Any] | None:
+        """The `.progress` report (`pipeline.step_events.progress`) of the latest attempt in
+        `events`; None without one, or when it is unreadable or an earlier attempt's."""
+        runs = [e for e in events if e.event == RUNNING]
+        if not runs:
+            return None
+        raw = self.storage.read(f"{step_dir}/{PROGRESS}")
+        if not raw:
+            return None
+        try:
+            report = json.loads(raw)
+        except ValueError:
+            return None
+        # An earlier attempt's progress says nothing about this one.
+        if not isinstance(report, dict) or report.get("token") != runs[-1].token:
+            return None
+        return report
+
     def has_payload(self, step_dir: str) -> bool:
         """Whether the step wrote anything besides Drydock's own metadata."""
         return any(

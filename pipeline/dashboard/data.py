@@ -32,7 +32,6 @@ from pipeline.lease import LeaseRecord, host_id, is_stale
 from pipeline.metrics_file import METRICS_FILE, parse_metrics
 from pipeline.storage import (
     HIDDEN_FILES,
-    PROGRESS,
     RUNNING,
     SUCCESS,
     StatusEvent,
@@ -233,14 +232,10 @@ def live_state(manifest_state: str, record: StepRecord, stale: bool) -> str:
 
 def read_progress(storage: Storage, directory: str, events: Sequence[StatusEvent]) -> Progress | None:
     """The `.progress` of the step's latest attempt; None if there is none or it is an older attempt's."""
-    runs = [e for e in events if e.event == RUNNING]
-    raw = storage.read(f"{directory}/{PROGRESS}")
-    if not raw or not runs:
+    record = StepStore(storage).progress(directory, tuple(events))
+    if record is None:
         return None
     try:
-        record = json.loads(raw)
-        if record.get("token") != runs[-1].token:
-            return None  # written by an earlier attempt: says nothing about this one
         return Progress(
             done=float(record["done"]),
             total=None if record.get("total") is None else float(record["total"]),
