@@ -24,8 +24,9 @@ import shutil
 import tempfile
 import time
 
-from pipeline.dashboard import data
-from pipeline.storage import StepStore, open_storage
+from pipeline.observe.dashboard import data
+from pipeline.storage.files import open_storage
+from pipeline.storage.step_store import StepStore
 
 EXPERIMENT = "sweep-000000000000"
 
@@ -65,7 +66,7 @@ def make_prefix(n: int) -> str:
 def measure(n: int) -> dict[str, float]:
     from fastapi.testclient import TestClient
 
-    from pipeline.dashboard.app import create_app
+    from pipeline.observe.dashboard.app import create_app
 
     prefix = make_prefix(n)
     try:

@@ -49,13 +49,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline import ExecutorMainConfig, Step, output_of, run_experiment, this_output, versioned
-from pipeline.dag import build_dag
-from pipeline.executor import RunReport
-from pipeline.lease import Owner
-from pipeline.main import prepare
-from pipeline.metadata import environment_info, step_info
-from pipeline.plan import State, make_plan
-from pipeline.storage import Acquired, StepStore, open_storage
+from pipeline.core.dag import build_dag
+from pipeline.core.lease import Owner
+from pipeline.core.plan import State, make_plan
+from pipeline.run.executor import RunReport
+from pipeline.run.experiment import prepare
+from pipeline.run.provenance import environment_info, step_info
+from pipeline.storage.files import open_storage
+from pipeline.storage.step_store import Acquired, StepStore
 
 DEFAULT_SIZES = (1_000, 10_000, 100_000)
 DEFAULT_LAYERS = 32
@@ -172,7 +173,7 @@ def measure(fn: Callable[[], None], size: int, repeat: int, budget_s: float) -> 
 
 
 def plan_phases(steps: list[Step], prefix: str) -> dict[str, float]:
-    """The phases of `pipeline.main.prepare`, timed one by one (mirrors its body)."""
+    """The phases of `pipeline.run.experiment.prepare`, timed one by one (mirrors its body)."""
     gc.collect()
     t0 = time.perf_counter()
     dag = build_dag(steps, prefix)

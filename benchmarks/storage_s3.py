@@ -38,8 +38,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import fsspec
 
-from pipeline.lease import Owner
-from pipeline.storage import Acquired, ConditionalStorage, StepStore, open_storage
+from pipeline.core.lease import Owner
+from pipeline.storage.files import ConditionalStorage, open_storage
+from pipeline.storage.step_store import Acquired, StepStore
 from tests.s3server import moto_s3, s3_environment
 
 BUCKET = "drydock-bench"

@@ -33,7 +33,7 @@ import sys
 from collections.abc import Sequence
 
 from pipeline import Resources, Step, StepDeclarationError, executor_main
-from pipeline.main import parse_options
+from pipeline.run.options import parse_options
 from steps.evaluate import evaluate_step
 from steps.mixture import mixture_step
 from steps.moe import MoeModelConfig

@@ -4,12 +4,54 @@ The public API of an experiment file:
 
     from pipeline import Step, versioned, output_of, this_output, executor_main, Resources
 
-Importing this package loads no ML library (no jax, levanter or ray).
+Names are resolved lazily (PEP 562): declaring steps (`pipeline.step`) loads neither storage nor
+the executor, and `executor_main` loads them only when an experiment file first touches it.
+Importing this package loads no ML library (no jax, levanter or ray). The layers, and which may
+import which, are described in docs/architecture.md.
 """
 
-from pipeline.errors import DrydockError, GraphError, StepDeclarationError, StorageError
-from pipeline.main import ExecutorMainConfig, executor_main, run_experiment
-from pipeline.step import OutputOf, Resources, Step, ThisOutput, output_of, this_output, versioned
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.cli.run import executor_main
+    from pipeline.errors import DrydockError, GraphError, StepDeclarationError, StorageError
+    from pipeline.run import step_events
+    from pipeline.run.experiment import run_experiment
+    from pipeline.run.options import ExecutorMainConfig
+    from pipeline.step import (
+        OutputOf,
+        Resources,
+        Step,
+        ThisOutput,
+        output_of,
+        step_function,
+        this_output,
+        versioned,
+    )
+
+# Public name -> the module that defines it.
+_PUBLIC = {
+    "DrydockError": "pipeline.errors",
+    "GraphError": "pipeline.errors",
+    "StepDeclarationError": "pipeline.errors",
+    "StorageError": "pipeline.errors",
+    "ExecutorMainConfig": "pipeline.run.options",
+    "executor_main": "pipeline.cli.run",
+    "run_experiment": "pipeline.run.experiment",
+    "OutputOf": "pipeline.step",
+    "Resources": "pipeline.step",
+    "Step": "pipeline.step",
+    "ThisOutput": "pipeline.step",
+    "output_of": "pipeline.step",
+    "step_function": "pipeline.step",
+    "this_output": "pipeline.step",
+    "versioned": "pipeline.step",
+}
+# Submodules step functions use by their old short name (`from pipeline import step_events`).
+_MODULES = {"step_events": "pipeline.run.step_events"}
 
 __all__ = [
     "DrydockError",
@@ -24,6 +66,23 @@ __all__ = [
     "executor_main",
     "output_of",
     "run_experiment",
+    "step_events",
+    "step_function",
     "this_output",
     "versioned",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    elif name in _MODULES:
+        value = importlib.import_module(_MODULES[name])
+    else:
+        raise AttributeError(f"module 'pipeline' has no attribute {name!r}")
+    globals()[name] = value  # resolved once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

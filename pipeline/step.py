@@ -17,9 +17,12 @@ __all__ = [
     "OutputOf",
     "Resources",
     "Step",
+    "StepHooks",
     "ThisOutput",
     "Versioned",
+    "hooks_of",
     "output_of",
+    "step_function",
     "this_output",
     "versioned",
 ]
@@ -129,7 +132,7 @@ class Step:
     `this_output`) is a path string and every `versioned` value is unwrapped. Two `Step`
     objects with the same identity are the same step; the executor de-duplicates them.
     Steps compare by object (eq=False): equality of steps is equality of identities,
-    which `pipeline.identity` computes.
+    which `pipeline.core.identity` computes.
     """
 
     name: str
@@ -149,3 +152,55 @@ class Step:
 
     def __repr__(self) -> str:
         return f"Step({self.name!r})"
+
+
+@dataclass(frozen=True)
+class StepHooks:
+    """What a step function declares about itself besides its code (see `step_function`)."""
+
+    preview: Callable[[Any], Any] | None = None
+    """`preview(config) -> str | Mapping | None`: what the step will do, shown by `drydock plan`
+    (a mapping's keys also join the step's `--json` plan entry and its `.step.json` summary)."""
+    report: Callable[[Any], Any] | None = None
+    """`report(config) -> str | Mapping | None`: what the step did, for the end-of-run summary;
+    recorded with the step's SUCCESS, so the dashboard shows it without the step's code."""
+    fresh_process: bool = False
+    """Run each call in a process of its own (a step that leaves global state behind, such as
+    training, must not share a worker with the next step)."""
+
+
+NO_HOOKS = StepHooks()
+_HOOKS_ATTRIBUTE = "__drydock_step__"
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def step_function(
+    fn: F | None = None,
+    *,
+    preview: Callable[[Any], Any] | None = None,
+    report: Callable[[Any], Any] | None = None,
+    fresh_process: bool = False,
+) -> Any:
+    """Declare a step function and its hooks; usable bare (`@step_function`) or with arguments.
+
+        @step_function(preview=preview, report=report, fresh_process=True)
+        def train_moe(config: TrainMoeConfig) -> None: ...
+
+    The function itself is returned unchanged (it stays importable under its own name); the hooks
+    are read with `hooks_of`.
+    """
+    hooks = StepHooks(preview, report, fresh_process)
+
+    def declare(function: F) -> F:
+        setattr(function, _HOOKS_ATTRIBUTE, hooks)
+        return function
+
+    return declare(fn) if fn is not None else declare
+
+
+def hooks_of(fn: Callable[..., Any]) -> StepHooks:
+    """The hooks `fn` was declared with (none for a plain function)."""
+    hooks = getattr(fn, _HOOKS_ATTRIBUTE, NO_HOOKS)
+    return hooks if isinstance(hooks, StepHooks) else NO_HOOKS

@@ -25,7 +25,7 @@ from typing import Any
 
 import fsspec
 
-from pipeline import Resources, Step, output_of, this_output, versioned
+from pipeline import Resources, Step, output_of, step_function, this_output, versioned
 from steps.metrics import exists
 
 __all__ = ["EvaluateConfig", "evaluate", "evaluate_step"]
@@ -190,7 +190,7 @@ def evaluate(config: EvaluateConfig) -> dict[str, Any]:
 
 
 def report(config: EvaluateConfig) -> str | None:
-    """The end-of-run summary (pipeline.preview): the evaluation table and where the plot is."""
+    """The end-of-run summary (pipeline.run.hooks): the evaluation table and where the plot is."""
     path = os.path.join(config.output, "results.json")
     if not exists(path):
         return None
@@ -250,4 +250,4 @@ def plot_loss(metrics_path: str, png_path: str, eval_step: int, sets: dict[str, 
     write_file(png_path, png.getvalue())
 
 
-evaluate.report = report  # type: ignore[attr-defined]  # the end-of-run summary (pipeline.preview)
+step_function(evaluate, report=report)

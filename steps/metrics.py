@@ -18,7 +18,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from pipeline.metrics_file import ALIASES, parse_metrics
+from pipeline.observe.metrics import ALIASES, parse_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ def write_file(path: str, data: bytes) -> None:
 def read_metrics(path: str, *, up_to: int | None = None) -> list[dict[str, Any]]:
     """One record per step, in step order, with the short aliases (`loss`, `learning_rate`, ...).
 
-    `path` is a path or URL; a missing file has no records. See `pipeline.metrics_file` for how
+    `path` is a path or URL; a missing file has no records. See `pipeline.observe.metrics` for how
     lines merge; with `up_to`, steps after it are dropped (a resumed run computes them again).
     """
     fs, plain = fsspec.core.url_to_fs(path)

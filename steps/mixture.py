@@ -26,7 +26,7 @@ from typing import Any
 
 import fsspec
 
-from pipeline import Resources, Step, output_of, this_output, versioned
+from pipeline import Resources, Step, output_of, step_function, this_output, versioned
 
 __all__ = ["MixtureConfig", "MixtureError", "load_data_config", "mixture", "mixture_step", "plan_mixture"]
 
@@ -294,7 +294,7 @@ def format_mixture(plan: MixturePlan, train_tokens: Mapping[str, int]) -> str:
     return "\n".join(lines)
 
 
-mixture.preview = preview  # type: ignore[attr-defined]  # shown by `drydock plan` (pipeline.preview)
+step_function(mixture, preview=preview)
 
 
 def _read_stats(name: str, path: str) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import Resources, Step, StepDeclarationError, output_of, this_output, versioned
+from pipeline import Resources, Step, StepDeclarationError, output_of, step_function, this_output, versioned
 from pipeline.step import Versioned
 from steps.moe import MoeModelConfig, parameter_counts
 
@@ -602,7 +602,7 @@ def preview(config: ScalingFitConfig) -> str:
 
 
 def report(config: ScalingFitConfig) -> str | None:
-    """The end-of-run summary (pipeline.preview): the law, its fit, the prediction, where files are."""
+    """The end-of-run summary (pipeline.run.hooks): the law, its fit, the prediction, where files are."""
     path = os.path.join(config.output, "fit.json")
     if not os.path.exists(path):
         return None
@@ -614,8 +614,7 @@ def report(config: ScalingFitConfig) -> str | None:
     return "\n".join(lines)
 
 
-scaling_fit.preview = preview  # type: ignore[attr-defined]  # shown by `drydock plan` (pipeline.preview)
-scaling_fit.report = report  # type: ignore[attr-defined]  # the end-of-run summary (pipeline.preview)
+step_function(scaling_fit, preview=preview, report=report)
 
 
 # -- the plot -------------------------------------------------------------------------------------------

@@ -32,14 +32,14 @@ import json
 import os
 import posixpath
 import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import fsspec
 
 from pipeline import Resources, Step, step_events, this_output, versioned
+from pipeline.run.parallel import parallel_map
 
 __all__ = ["TokenizeConfig", "TokenizeError", "tokenize", "tokenize_step"]
 
@@ -196,7 +196,7 @@ def _tokenize_split(config: TokenizeConfig, split: str, files: list[tuple[str, s
     with _Progress(
         split, sum(s.documents for s in done.values()), sum(s.tokens for s in done.values())
     ) as bar:
-        for result in _map(_tokenize_shard, args, config.num_workers):
+        for result in parallel_map(_tokenize_shard, args, max_workers=config.num_workers):
             done[result.shard] = result
             bar.advance(result.documents, result.tokens)
             # For `drydock status` from any machine (the bar above is only on this console).
@@ -205,40 +205,6 @@ def _tokenize_split(config: TokenizeConfig, split: str, files: list[tuple[str, s
     ordered = [done[shard] for _path, shard in files]
     _write_ledger(split_dir, ordered, _load_tokenizer(config.tokenizer).metadata)
     return ordered
-
-
-def _map(fn: Callable[..., ShardStats], args: list[tuple], num_workers: int) -> Iterator[ShardStats]:
-    """Run shards here one by one, or with `num_workers > 1` in parallel: as Ray tasks when this
-    step runs on a Ray worker, else in local processes."""
-    if not args:
-        return
-    ray = _ray_if_worker() if num_workers > 1 else None
-    if ray is not None and len(args) > 1:
-        remote = ray.remote(num_cpus=1)(fn)
-        pending = [remote.remote(*a) for a in args]
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            yield ray.get(done[0])
-    elif num_workers > 1 and len(args) > 1:
-        import multiprocessing
-
-        # spawn: the executor runs steps in threads, and forking a threaded process is unsafe.
-        with ProcessPoolExecutor(num_workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = [pool.submit(fn, *a) for a in args]
-            for future in futures:
-                yield future.result()
-    else:
-        for a in args:
-            yield fn(*a)
-
-
-def _ray_if_worker() -> Any:
-    import sys
-
-    ray = sys.modules.get("ray")
-    if ray is None or not ray.is_initialized():
-        return None
-    return ray if ray.get_runtime_context().worker.mode == ray.WORKER_MODE else None
 
 
 # -- one shard ------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 import fsspec
 
-from pipeline import Resources, Step, output_of, this_output, versioned
+from pipeline import Resources, Step, output_of, step_function, this_output, versioned
 from steps.metrics import exists
 from steps.moe import MoeModelConfig, parameter_counts
 
@@ -172,7 +172,7 @@ def preview(config: TrainMoeConfig) -> dict[str, Any]:
 
 
 def report(config: TrainMoeConfig) -> dict[str, Any] | None:
-    """The end-of-run summary (pipeline.preview): how far the loss came down, where things are."""
+    """The end-of-run summary (pipeline.run.hooks): how far the loss came down, where things are."""
     from steps.metrics import read_metrics
 
     metrics_path = os.path.join(config.output, "metrics.jsonl")
@@ -464,8 +464,6 @@ def _upload_logs(local: str, remote: str) -> None:
         logger.warning("could not upload Levanter's logs from %s to %s: %s", local, remote, e)
 
 
-train_moe.preview = preview  # type: ignore[attr-defined]  # shown by `drydock plan` (pipeline.preview)
-train_moe.report = report  # type: ignore[attr-defined]  # the end-of-run summary (pipeline.preview)
-# Levanter's trainer leaves global state (tracker, log handlers) in its process: on Ray, give each
-# training its own worker process.
-train_moe.fresh_process = True  # type: ignore[attr-defined]
+# Levanter's trainer leaves global state (tracker, log handlers) in its process: on Ray, each
+# training gets its own worker process.
+step_function(train_moe, preview=preview, report=report, fresh_process=True)

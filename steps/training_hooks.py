@@ -32,7 +32,7 @@ from levanter.callbacks.watch import WatchCallback, WatchConfig
 from levanter.checkpoint import Checkpointer, CheckpointerConfig
 from levanter.tracker.tracker import NoopTracker, Tracker, TrackerConfig
 
-from pipeline import step_events
+from pipeline.run import step_events
 from steps.metrics import (
     MetricsUploader,
     begin_metrics,

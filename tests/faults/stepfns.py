@@ -23,7 +23,7 @@ from typing import Any
 
 import fsspec
 
-from pipeline import step_events
+from pipeline.run import step_events
 
 __all__ = ["FILESYSTEMS", "MANIFEST", "PartsConfig", "log_call", "write_parts"]
 

@@ -29,14 +29,15 @@ from typing import Any
 import fsspec
 
 from pipeline import Resources, Step, output_of, this_output, versioned
-from pipeline.backends.local import LocalBackend
-from pipeline.dag import build_dag
-from pipeline.executor import ExecutionOptions, RunReport, execute
-from pipeline.lease import Owner
-from pipeline.metadata import step_info
-from pipeline.object_storage import RetryPolicy
-from pipeline.plan import State, make_plan
-from pipeline.storage import StepStore, Storage
+from pipeline.core.dag import build_dag
+from pipeline.core.lease import Owner
+from pipeline.core.plan import State, make_plan
+from pipeline.run.backends.local import LocalBackend
+from pipeline.run.executor import ExecutionOptions, RunReport, execute
+from pipeline.run.provenance import step_info
+from pipeline.storage.files import Storage
+from pipeline.storage.object_stores import RetryPolicy
+from pipeline.storage.step_store import StepStore
 from tests.faultfs import FaultFS
 from tests.faults.stepfns import FILESYSTEMS, PartsConfig, write_parts
 from tests.faults.trials import Counts, Experiment, verify

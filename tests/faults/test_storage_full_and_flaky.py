@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import os
 
-from pipeline.plan import State
+from pipeline.core.plan import State
 from tests.faults.storage_trials import failed_states, flaky_trial, full_trial
 from tests.faults.trials import Counts
 

@@ -46,7 +46,10 @@ from pathlib import Path
 
 import fsspec
 
-from pipeline.storage import HIDDEN_FILES, SUCCESS, LocalStorage, StepStore, last_state, parse_status
+from pipeline.core.records import Event, last_state, parse_status
+from pipeline.storage.files import LocalStorage
+from pipeline.storage.layout import HIDDEN_FILES
+from pipeline.storage.step_store import StepStore
 from tests.faults.stepfns import MANIFEST
 
 __all__ = [
@@ -273,9 +276,9 @@ def verify(
         key = step_dir.rsplit("/", 1)[-1]
         events = parse_status(fs.cat_file(status), status)
         last = last_state(events)
-        if last is None or last.event != SUCCESS:
+        if last is None or last.event != Event.SUCCESS:
             continue
-        success_time[key] = min(e.time for e in events if e.event == SUCCESS)
+        success_time[key] = min(e.time for e in events if e.event == Event.SUCCESS)
         try:
             manifest = json.loads(fs.cat_file(f"{step_dir}/{MANIFEST}"))
         except (FileNotFoundError, ValueError) as e:
@@ -426,7 +429,7 @@ def pause_trial(workdir: Path, rng: random.Random) -> Counts:
     _final_checks(exp, counts, final, 1)
     (status,) = exp.prefix.rglob(".status")
     events = StepStore(LocalStorage()).events(str(status.parent))
-    successes = [e for e in events if e.event == SUCCESS]
+    successes = [e for e in events if e.event == Event.SUCCESS]
     if len(successes) != 1:
         counts.duplicates += max(0, len(successes) - 1)
         counts.problems.append(f"{workdir.name}: {len(successes)} SUCCESS events")

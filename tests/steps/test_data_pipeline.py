@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 from pipeline import ExecutorMainConfig, run_experiment
-from pipeline.executor import RunReport
-from pipeline.plan import Plan, State
-from pipeline.preview import step_previews
+from pipeline.core.plan import Plan, State
+from pipeline.run.executor import RunReport
+from pipeline.run.hooks import step_previews
 from steps.mixture import load_data_config, mixture_step
 from steps.tokenize import tokenize_step
 

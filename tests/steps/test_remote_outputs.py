@@ -26,9 +26,11 @@ import fsspec
 import jax.numpy as jnp
 import pytest
 
-from pipeline import step_events
-from pipeline.lease import Owner
-from pipeline.storage import RUNNING, StepStore, open_storage
+from pipeline.core.lease import Owner
+from pipeline.core.records import Event
+from pipeline.run import step_events
+from pipeline.storage.files import open_storage
+from pipeline.storage.step_store import StepStore
 from steps.evaluate import EvaluateConfig, _checkpoint, plot_loss
 from steps.evaluate import report as evaluate_report
 from steps.train_moe import _latest_step
@@ -205,7 +207,7 @@ def test_tracker_appends_locally_and_warns_and_reports_progress_into_an_s3_step(
         tracker.log_summary({"parameter_count": 1234})
     assert [r["step"] for r in read_metrics(f"{step_dir}/metrics.jsonl")] == list(range(1, 12))
     events = store.events(step_dir)
-    assert [e.event for e in events] == [RUNNING, "WARNING"]
+    assert [e.event for e in events] == [Event.RUNNING, "WARNING"]
     assert events[1].message.startswith("loss spike at step 11: 9.0000 is 4.5x")
     progress = json.loads(cat(f"{step_dir}/.progress"))
     assert progress["done"] == 12 and progress["total"] == 12 and progress["data"] == {"loss": 9.0}

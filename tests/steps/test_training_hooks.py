@@ -6,9 +6,11 @@ import json
 
 import pytest
 
-from pipeline import step_events
-from pipeline.lease import Owner
-from pipeline.storage import RUNNING, LocalStorage, StepStore
+from pipeline.core.lease import Owner
+from pipeline.core.records import Event
+from pipeline.run import step_events
+from pipeline.storage.files import LocalStorage
+from pipeline.storage.step_store import StepStore
 from steps.training_hooks import JsonlTracker, SpikeGuard, jit_log_breaks_grad, read_metrics
 
 
@@ -41,7 +43,7 @@ def test_tracker_writes_at_once_merges_by_step_and_warns_into_the_status(tmp_pat
     assert records[3]["moe/layer0/load"] == 0.5
     assert [r["step"] for r in read_metrics(path, up_to=4)] == [0, 1, 2, 3, 4]
     events = store.events(step_dir)
-    assert [e.event for e in events] == [RUNNING, "WARNING"]
+    assert [e.event for e in events] == [Event.RUNNING, "WARNING"]
     assert events[1].message.startswith("loss spike at step 11: 9.0000 is 4.5x the recent median 2.0000")
     # A torn last line (a kill mid-write) is skipped.
     with open(path, "a") as f:

@@ -1,0 +1,43 @@
+"""What the `drydock` commands share: argument parsing that raises, and one error form."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pipeline.errors import DrydockError, StepDeclarationError
+from pipeline.storage.manifests import is_manifest
+
+__all__ = ["Parser", "guarded", "needs_target"]
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting, so errors get Drydock's one-line form."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        raise StepDeclarationError(None, f"{self.prog}: {message}", field="argv")
+
+
+def guarded(fn: Callable[..., Any], *args: Any) -> int:
+    """Call a command body; a DrydockError is one line on stderr and exit code 2."""
+    try:
+        return int(fn(*args))
+    except DrydockError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def needs_target(command: str, args: Sequence[str]) -> int | None:
+    """Exit code 2 (with the error said) unless `args` start with an existing FILE or a MANIFEST."""
+    if not args or args[0].startswith("-"):
+        print(f"error: `drydock {command}` needs an experiment file: drydock {command} FILE", file=sys.stderr)
+        return 2
+    if not is_manifest(args[0]) and not os.path.isfile(args[0]):
+        print(f"error: experiment file {args[0]!r} does not exist", file=sys.stderr)
+        return 2
+    return None

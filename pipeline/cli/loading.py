@@ -1,0 +1,117 @@
+"""Loading an experiment: executing an experiment file, or rebuilding a manifest's recipe.
+
+An experiment file declares its steps and ends in `executor_main(steps, ...)` under
+`if __name__ == "__main__":`. The commands execute the file as `__main__` with their options as
+its command line. What its `executor_main` call then does is decided by an `ExperimentCall`
+handler set for the duration (`intercept`): `drydock run` lets it run as usual; `drydock
+status|dag|explain` take its steps and options and run nothing. The handler is called while the
+file is still `__main__`, so functions the file defines stay importable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import runpy
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from pipeline.errors import StepDeclarationError
+from pipeline.run.options import ExecutorMainConfig, parse_options
+from pipeline.step import Step
+from pipeline.storage.manifests import is_manifest
+
+__all__ = ["ExperimentCall", "Loaded", "current_handler", "intercept", "load", "run_file"]
+
+
+@dataclass(frozen=True)
+class ExperimentCall:
+    """An experiment file's `executor_main(steps, description, ...)` call, as it was made."""
+
+    steps: list[Step]
+    description: str
+    config: ExecutorMainConfig
+    """The options parsed from the file's command line."""
+    source_file: str | None
+
+
+Handler = Callable[[ExperimentCall], int]
+"""Decides what an `executor_main` call does; returns its exit code."""
+
+_HANDLER: contextvars.ContextVar[Handler | None] = contextvars.ContextVar("drydock_handler", default=None)
+
+
+@contextlib.contextmanager
+def intercept(handler: Handler) -> Iterator[None]:
+    """Hand every `executor_main` call made meanwhile (in this context) to `handler`."""
+    token = _HANDLER.set(handler)
+    try:
+        yield
+    finally:
+        _HANDLER.reset(token)
+
+
+def current_handler() -> Handler | None:
+    """The handler `intercept` set, if any (`executor_main` runs the experiment itself if none)."""
+    return _HANDLER.get()
+
+
+def run_file(path: str, options: Sequence[str], handler: Handler) -> int:
+    """Execute the experiment file as `__main__` with `options` as its command line; its
+    `executor_main` call goes to `handler`. Returns the exit code."""
+    calls: list[ExperimentCall] = []
+
+    def record(call: ExperimentCall) -> int:
+        calls.append(call)
+        return handler(call)
+
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [path, *options]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    try:
+        with intercept(record):
+            runpy.run_path(path, run_name="__main__")
+    except SystemExit as e:
+        if calls or e.code not in (None, 0):
+            return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    if not calls:
+        print(
+            f'error: {path} did not call executor_main(...) under `if __name__ == "__main__":`',
+            file=sys.stderr,
+        )
+        return 2
+    return 0
+
+
+@dataclass
+class Loaded:
+    """The steps of a FILE or MANIFEST with the options given for it."""
+
+    steps: list[Step]
+    config: ExecutorMainConfig
+    description: str
+
+
+def load(target: str, options: Sequence[str], body: Callable[[Loaded], int]) -> int:
+    """Call `body` with the steps and options of an experiment file or a manifest's recipe.
+
+    A file is executed and `body` runs inside its `executor_main` call (see the module
+    docstring); errors there are reported by `executor_main` as for any run.
+    """
+    if is_manifest(target):
+        from pipeline.run.recipe import load_recipe, rerun_argv
+
+        manifest, roots = load_recipe(target)
+        config = parse_options(rerun_argv(manifest, options))
+        return body(Loaded(list(roots), config, manifest.get("description") or ""))
+    if not os.path.isfile(target):
+        raise StepDeclarationError(None, f"experiment file {target!r} does not exist", field="FILE")
+
+    def handler(call: ExperimentCall) -> int:
+        return body(Loaded(call.steps, call.config, call.description))
+
+    return run_file(target, options, handler)

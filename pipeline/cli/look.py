@@ -1,0 +1,223 @@
+"""The CLI commands that look at an experiment's steps instead of running them.
+
+    drydock status FILE|MANIFEST [--watch] [--interval S] [--json] [options]
+    drydock dag FILE|MANIFEST [--format mermaid|dot|svg|html] [--output PATH] [options]
+    drydock explain FILE|MANIFEST STEP [options]
+
+An experiment FILE is executed as `__main__` (`pipeline.cli.loading`): its `executor_main` call
+hands over its steps and options and runs nothing. A MANIFEST is read directly for `status` and `dag`
+(labels, paths and deps are all they need, so no experiment code has to be importable) and
+rebuilt into steps (`pipeline.run.recipe`) for `explain`. Each command returns an exit code: 0,
+2 for a user error (one line on stderr, nothing written), 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+
+from pipeline.cli.common import Parser, guarded, needs_target
+from pipeline.cli.loading import Loaded, load
+from pipeline.core.lease import Owner
+from pipeline.errors import StepDeclarationError
+from pipeline.observe.status import (
+    StepEntry,
+    StepStatus,
+    entries_from_dag,
+    entries_from_manifest,
+    read_status,
+    status_json,
+    status_table,
+    watch,
+)
+from pipeline.run.experiment import prepare
+from pipeline.storage.files import normalize_prefix, open_storage
+from pipeline.storage.manifests import is_manifest, load_manifest
+from pipeline.storage.step_store import StepStore
+
+__all__ = ["dag_command", "explain_command", "status_command"]
+
+FORMATS = ("mermaid", "dot", "svg", "html")
+
+
+# -- status -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Source:
+    entries: list[StepEntry]
+    store: StepStore
+    prefix: str
+    title: str
+    planned: dict[str, dict[str, Any]]
+    """Label -> plan fields for JSON (`state`, `reason`, ...): the plan's for a FILE, the ones the
+    run recorded for a MANIFEST."""
+
+
+def _manifest_source(target: str, options: Sequence[str]) -> _Source:
+    """The steps a MANIFEST lists, read directly: no experiment code needed."""
+    parser = Parser(prog="drydock status|dag MANIFEST", add_help=False)
+    parser.add_argument("--prefix")
+    known, rest = parser.parse_known_args(list(options))
+    if rest:
+        raise StepDeclarationError(None, f"unknown option(s) for a manifest: {' '.join(rest)}", field="argv")
+    manifest = load_manifest(target)
+    prefix = normalize_prefix(known.prefix or manifest.get("prefix") or ".")
+    entries = entries_from_manifest(manifest)
+    if known.prefix and manifest.get("prefix"):
+        # The same run read under another prefix (a copied bucket): same labels, new root.
+        entries = [StepEntry(e.label, e.name, f"{prefix}/{e.label}", e.deps) for e in entries]
+    title = f"{manifest.get('experiment', 'experiment')} under {prefix}"
+    recorded = {
+        str(step["label"]): {k: step[k] for k in ("hash", "state", "reason", "planned") if k in step}
+        for step in manifest.get("steps", [])
+    }
+    return _Source(entries, StepStore(open_storage(prefix)), prefix, title, recorded)
+
+
+def _dag_source(loaded: Loaded) -> _Source:
+    dag, store, plan = prepare(loaded.steps, loaded.config, strict=False)
+    planned = {label: sp.to_json() for label, sp in plan.steps.items()}
+    return _Source(entries_from_dag(dag), store, dag.prefix, f"Status under {dag.prefix}", planned)
+
+
+def _with_source(target: str, options: Sequence[str], body: Callable[[_Source], int]) -> int:
+    """Call `body` with the steps to show: from a MANIFEST directly, or from a FILE's DAG."""
+    if is_manifest(target):
+        return body(_manifest_source(target, options))
+    return load(target, options, lambda loaded: body(_dag_source(loaded)))
+
+
+def _read(source: _Source) -> list[StepStatus]:
+    return read_status(source.entries, source.store, now=time.time(), local_host=Owner.current().host)
+
+
+def status_command(args: Sequence[str]) -> int:
+    """`drydock status FILE|MANIFEST [--watch] [--interval S] [--json] [options]`."""
+    return needs_target("status", args) or guarded(_status, args[0], args[1:])
+
+
+def _status(target: str, argv: Sequence[str]) -> int:
+    parser = Parser(prog="drydock status", add_help=False)
+    parser.add_argument("--watch", action="store_true")
+    parser.add_argument("--interval", type=float, default=2.0)
+    parser.add_argument("--json", action="store_true")
+    known, options = parser.parse_known_args(list(argv))
+    if known.interval <= 0:
+        raise StepDeclarationError(None, "must be positive", field="--interval")
+    if known.json and known.watch:
+        raise StepDeclarationError(
+            None, "--watch shows a live table; it cannot be combined with --json", field="--watch"
+        )
+
+    def show(source: _Source) -> int:
+        if known.json:
+            rows = _read(source)
+            print(json.dumps(_status_document(source, rows, time.time()), indent=2))
+            return 0
+        console = Console(width=None if sys.stdout.isatty() else 200, soft_wrap=False)
+        if known.watch:
+            # Ctrl-C ends watching; the table on screen is the last one read.
+            with contextlib.suppress(KeyboardInterrupt):
+                watch(lambda: _read(source), console, interval=known.interval, title=source.title)
+            return 0
+        console.print(status_table(_read(source), now=time.time(), title=source.title))
+        return 0
+
+    return _with_source(target, options, show)
+
+
+def _status_document(source: _Source, rows: list[StepStatus], now: float) -> dict[str, Any]:
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row.state] = counts.get(row.state, 0) + 1
+    steps = []
+    for shown, row in zip(status_json(rows, now), rows, strict=True):
+        entry = {**source.planned.get(row.entry.label, {}), **shown, "deps": list(row.entry.deps)}
+        steps.append(entry)
+        # `status`: the raw last state event (None if never started), as `drydock status --json` always gave.
+        last = row.last_event
+        entry["status"] = {"CORRUPT": "CORRUPT", "NOT STARTED": None, "STALE": "RUNNING"}.get(
+            row.state, row.state
+        )
+        entry["status_time"] = last.time if last else None
+        entry["live"] = row.state == "RUNNING"
+    return {"prefix": source.prefix, "time": now, "counts": counts, "steps": steps}
+
+
+# -- dag --------------------------------------------------------------------------------------------
+
+
+def dag_command(args: Sequence[str]) -> int:
+    """`drydock dag FILE|MANIFEST [--format mermaid|dot|svg|html] [--output PATH] [options]`."""
+    return needs_target("dag", args) or guarded(_dag, args[0], args[1:])
+
+
+def _dag(target: str, argv: Sequence[str]) -> int:
+    from pipeline.observe import dag_render
+
+    parser = Parser(prog="drydock dag", add_help=False)
+    parser.add_argument("--format", default="mermaid")
+    parser.add_argument("--output", "-o")
+    parser.add_argument("--title")
+    known, options = parser.parse_known_args(list(argv))
+    if known.format not in FORMATS:
+        raise StepDeclarationError(
+            None, f"unknown format {known.format!r}; choose one of {', '.join(FORMATS)}", field="--format"
+        )
+
+    def draw(source: _Source) -> int:
+        nodes = [
+            dag_render.DagNode(r.entry.label, r.entry.name, r.state, r.entry.deps, r.entry.output_path)
+            for r in _read(source)
+        ]
+        if known.format == "html":
+            text = dag_render.to_html(nodes, known.title or source.title)
+        else:
+            text = {"mermaid": dag_render.to_mermaid, "dot": dag_render.to_dot, "svg": dag_render.to_svg}[
+                known.format
+            ](nodes)
+        if known.output:
+            with open(known.output, "w", encoding="utf-8") as f:  # a local file the user names, not storage
+                f.write(text)
+            print(f"wrote {known.output} ({len(nodes)} steps, {known.format})", file=sys.stderr)
+        else:
+            sys.stdout.write(text)
+        return 0
+
+    return _with_source(target, options, draw)
+
+
+# -- explain ----------------------------------------------------------------------------------------
+
+
+def explain_command(args: Sequence[str]) -> int:
+    """`drydock explain FILE|MANIFEST STEP [options]`: STEP is a step name or label."""
+    return needs_target("explain", args) or guarded(_explain, args[0], args[1:])
+
+
+def _explain(target: str, argv: Sequence[str]) -> int:
+    from pipeline.observe.explain import explain_step, format_explanation
+
+    if not argv or argv[0].startswith("-"):
+        raise StepDeclarationError(None, "name the step to explain: drydock explain FILE STEP", field="STEP")
+    wanted, options = argv[0], list(argv[1:])
+
+    def explain(loaded: Loaded) -> int:
+        dag, store, _plan = prepare(loaded.steps, loaded.config, strict=False)
+        matches = [label for label, node in dag.nodes.items() if wanted in (label, node.name)]
+        if not matches:
+            close = sorted(node.name for node in dag.nodes.values() if wanted in node.name)[:5]
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise StepDeclarationError(None, f"no step named {wanted!r} in {target}{hint}", field="STEP")
+        print(format_explanation(explain_step(dag, matches[0], store), dag, now=time.time()), end="")
+        return 0
+
+    return load(target, options, explain)

@@ -1,0 +1,219 @@
+"""`drydock run|plan|rerun` and `executor_main`, the entry point an experiment file calls.
+
+    if __name__ == "__main__":
+        executor_main([train, evaluate], description="...")
+
+parses the options (`pipeline.run.options`) from the command line with draccus (`--prefix`,
+`--dry_run`, ...), plans the DAG against the prefix, runs what is not done
+(`pipeline.run.experiment`), prints the outcome and exits with the run's status. Run from a
+`drydock` command, the call goes to that command instead (`pipeline.cli.loading`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from pipeline.cli.loading import ExperimentCall, current_handler, run_file
+from pipeline.core.plan import Plan, State
+from pipeline.core.report import RunReport
+from pipeline.errors import DrydockError
+from pipeline.observe.explain import plan_explanations
+from pipeline.observe.render import format_preview, plan_table, print_table, run_summary
+from pipeline.run.experiment import run_experiment
+from pipeline.run.hooks import step_previews, step_reports
+from pipeline.run.options import parse_options, validate_options
+from pipeline.step import Step
+from pipeline.storage.files import open_storage
+from pipeline.storage.manifests import experiment_name, is_manifest, manifest_path
+
+__all__ = ["executor_main", "plan_command", "rerun_command", "run_command"]
+
+
+def executor_main(
+    steps: Sequence[Step],
+    description: str = "",
+    *,
+    argv: Sequence[str] | None = None,
+    source_file: str | None = None,
+) -> None:
+    """Plan and run `steps` with options from the command line, then exit with the run's status.
+
+    `source_file` is the experiment file recorded in the manifest (default: the `__main__` file).
+
+    Exit codes: 0 all done, 1 a step failed (or was blocked), 2 a malformed experiment or
+    option (one sentence on stderr, nothing written), 130 interrupted.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    if source_file is None:
+        source_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    handler = current_handler() or _run_and_print
+    try:
+        config = parse_options(args)
+        validate_options(config)
+        logging.basicConfig(
+            level=config.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
+        )
+        with _sigterm_as_interrupt():
+            code = handler(ExperimentCall(list(steps), description, config, source_file))
+    except DrydockError as e:
+        print(f"error: {e}", file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        code = 130
+    sys.exit(code)
+
+
+def run_command(args: Sequence[str]) -> int:
+    """`drydock run FILE|MANIFEST [options]`: the same as `python FILE [options]`."""
+    return _run_target("run", args, [])
+
+
+def plan_command(args: Sequence[str]) -> int:
+    """`drydock plan FILE|MANIFEST [options]`: the plan, nothing run (`--dry_run`)."""
+    return _run_target("plan", args, ["--dry_run", "true"])
+
+
+def rerun_command(args: Sequence[str]) -> int:
+    """`drydock rerun MANIFEST [options]`: rebuild the DAG a manifest records and run it."""
+    if not args or args[0].startswith("-"):
+        print("error: `drydock rerun` needs a run manifest: drydock rerun MANIFEST", file=sys.stderr)
+        return 2
+    return run_manifest(args[0], args[1:])
+
+
+def _run_target(command: str, args: Sequence[str], extra: list[str]) -> int:
+    if not args or args[0].startswith("-"):
+        print(f"error: `drydock {command}` needs an experiment file: drydock {command} FILE", file=sys.stderr)
+        return 2
+    path, options = args[0], [*args[1:], *extra]
+    if is_manifest(path):
+        return run_manifest(path, options)
+    if not os.path.isfile(path):
+        print(f"error: experiment file {path!r} does not exist", file=sys.stderr)
+        return 2
+    return run_file(path, options, _run_and_print)
+
+
+def run_manifest(location: str, options: Sequence[str]) -> int:
+    """Rebuild the DAG recorded in the manifest at `location` and run (or plan) it."""
+    from pipeline.run.recipe import load_recipe, rerun_argv
+
+    try:
+        manifest, roots = load_recipe(location)
+    except DrydockError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        executor_main(
+            roots,
+            manifest.get("description") or "",
+            argv=rerun_argv(manifest, options),
+            source_file=manifest.get("source_file"),
+        )
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return 0
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Any:
+    """Treat SIGTERM (cluster schedulers, `kill`) like Ctrl-C: cancel and release cleanly."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def _stdout_to_stderr() -> Any:
+    """With --json, stdout carries the JSON and nothing else: whatever steps print, from Python
+    or from native code and subprocesses (file descriptor 1), goes to stderr meanwhile."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _run_and_print(call: ExperimentCall) -> int:
+    """Run the experiment, then print its outcome: a table on stderr, reports and outputs on stdout."""
+    steps, config, description, source_file = call.steps, call.config, call.description, call.source_file
+    if config.json:
+        with _stdout_to_stderr():
+            result = run_experiment(steps, config, description=description, source_file=source_file)
+    else:
+        result = run_experiment(steps, config, description=description, source_file=source_file)
+    if isinstance(result, Plan):
+        previews = step_previews(result)
+        explanations = plan_explanations(result, open_storage(result.dag.prefix))
+        if config.json:
+            out = result.to_json(dry_run=True)
+            for entry in out["steps"]:
+                if entry["label"] in explanations:
+                    entry["explain"] = explanations[entry["label"]]
+                preview = previews.get(entry["label"])
+                if isinstance(preview, Mapping):
+                    entry.update({k: v for k, v in preview.items() if k not in entry})
+                elif preview:
+                    entry["preview"] = preview
+            print(json.dumps(out, indent=2))
+        else:
+            print_table(plan_table(result, explanations=explanations))
+            for label, preview in previews.items():
+                print(f"\n{label}:\n{format_preview(preview)}")
+        return 0
+    reports = step_reports(result)
+    dag = result.plan.dag
+    manifest = manifest_path(dag.prefix, dag.nodes, experiment_name(config.experiment, source_file))
+    if config.json:
+        out = result.plan.to_json(dry_run=False, exit_code=result.exit_code, manifest=manifest)
+        for entry in out["steps"]:
+            outcome = result.outcomes[entry["label"]]
+            entry.update(state=outcome.state.value, duration=outcome.duration, error=outcome.error)
+            if entry["label"] in reports:
+                entry["report"] = reports[entry["label"]]
+        print(json.dumps(out, indent=2))
+    else:
+        print_table(run_summary(result), stderr=True)
+        _print_results(result, reports, manifest)
+    failed = [dag.nodes[label].name for label in result.labels(State.FAILED, State.BLOCKED, State.CANCELLED)]
+    if failed:
+        print(f"error: {len(failed)} step(s) did not finish: {', '.join(failed)}", file=sys.stderr)
+    return result.exit_code
+
+
+def _print_results(result: RunReport, reports: Mapping[str, Any], manifest: str) -> None:
+    """The end of a run for a human: what each step reports, where its outputs and the manifest are."""
+    dag = result.plan.dag
+    for label, report in reports.items():
+        print(f"\n{label}:\n{format_preview(report)}")
+    done = result.labels(State.SUCCEEDED, State.CACHED)
+    if done:
+        print("\noutputs:")
+        width = max(len(dag.nodes[label].name) for label in done)
+        for label in done:
+            print(f"  {dag.nodes[label].name:<{width}}  {dag.nodes[label].output_path}")
+    print(f"\nmanifest: {manifest}\n  rerun it anywhere with: drydock rerun {manifest}")

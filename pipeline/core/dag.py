@@ -1,0 +1,299 @@
+"""Build and validate an experiment's DAG: discover steps, check them, compute identities.
+
+`build_dag(roots, prefix)` is the single entry point. It follows `output_of` placeholders from
+the given steps to every upstream step, then checks, with one clear error each: step names,
+step functions, configs, dangling references, cycles (naming the cycle), and two different steps
+sharing a name. Identities are computed once per step in topological order (upstream hashes are
+memoized, so a 100,000-step DAG costs one hash per step); declarations with equal identities
+collapse into one node. No I/O.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from pipeline.core import graph
+from pipeline.core.configs import ConfigRefs, collect_refs, resolve_config
+from pipeline.core.identity import NAME_PART, Identity, compute_identity
+from pipeline.errors import GraphError, StepDeclarationError
+from pipeline.step import OutputOf, Resources, Step, ThisOutput
+
+__all__ = ["Dag", "StepNode", "build_dag", "fn_import_path", "join_path", "resolved_config"]
+
+_NAME_PART = re.compile(rf"^{NAME_PART}$")
+
+
+@dataclass(frozen=True)
+class StepNode:
+    """One de-duplicated step of the DAG, with everything planning needs."""
+
+    step: Step
+    identity: Identity
+    output_path: str
+    deps: tuple[str, ...]
+    """Labels of upstream steps this one waits for (blocking inputs)."""
+    soft_deps: tuple[str, ...]
+    """Labels of upstream steps referenced with `blocking=False`."""
+    refs: ConfigRefs
+    inputs: Mapping[str, str]
+    """Dotted config path of each `output_of` -> the upstream step's label."""
+
+    @property
+    def label(self) -> str:
+        """`name-<12 hex>`, the node's key."""
+        return self.identity.label
+
+    @property
+    def name(self) -> str:
+        return self.step.name
+
+
+@dataclass(frozen=True)
+class Dag:
+    """An immutable, validated DAG. `nodes` is in topological order, keyed by label."""
+
+    prefix: str
+    nodes: Mapping[str, StepNode]
+    roots: tuple[str, ...]
+
+    @property
+    def deps(self) -> Mapping[str, tuple[str, ...]]:
+        """Blocking dependencies by label."""
+        return {label: node.deps for label, node in self.nodes.items()}
+
+    def output_path(self, label: str, sub: str | None = None) -> str:
+        """The output directory of a step (or `sub` inside it)."""
+        path = self.nodes[label].output_path
+        return join_path(path, sub) if sub else path
+
+
+def join_path(base: str, sub: str) -> str:
+    """Join storage paths with `/` (fsspec paths, local or remote)."""
+    return f"{base.rstrip('/')}/{sub.strip('/')}"
+
+
+def fn_import_path(fn: Any) -> str:
+    """`module:qualname` of a step function."""
+    return f"{fn.__module__}:{fn.__qualname__}"
+
+
+def validate_name(name: Any) -> None:
+    """Raise `StepDeclarationError` unless `name` is a relative slash path of safe parts."""
+    if not isinstance(name, str) or not name:
+        raise StepDeclarationError(
+            None, f"a step name must be a non-empty string, got {name!r}", field="name"
+        )
+    if name.startswith("/") or "://" in name:
+        raise StepDeclarationError(name, "name must be relative to the prefix, not absolute", field="name")
+    for part in name.split("/"):
+        if part in ("", ".", ".."):
+            raise StepDeclarationError(
+                name, f"name part {part!r} is not allowed (no empty parts, '.' or '..')", field="name"
+            )
+        if not _NAME_PART.match(part):
+            raise StepDeclarationError(
+                name,
+                f"name part {part!r} may only use letters, digits and . _ + = - "
+                "(no spaces, and not starting with '.')",
+                field="name",
+            )
+
+
+def _validate_step(step: Any, referrer: str | None = None) -> None:
+    if not isinstance(step, Step):
+        where = f" (referenced by {referrer})" if referrer else ""
+        raise StepDeclarationError(
+            None, f"expected a Step{where}, got {type(step).__name__}: {step!r}", field="steps"
+        )
+    validate_name(step.name)
+    fn = step.fn
+    qualname = getattr(fn, "__qualname__", None)
+    if not callable(fn) or qualname is None or getattr(fn, "__module__", None) is None:
+        raise StepDeclarationError(step.name, f"fn must be a module-level function, got {fn!r}", field="fn")
+    if "<lambda>" in qualname or "<locals>" in qualname:
+        raise StepDeclarationError(
+            step.name,
+            f"fn {qualname} is a lambda or a nested function; step functions must be defined at "
+            "module level so that remote workers can import them",
+            field="fn",
+        )
+    if not _importable(fn):
+        raise StepDeclarationError(
+            step.name,
+            f"fn {fn.__module__}:{qualname} is not importable (module {fn.__module__!r} is not loaded "
+            "or does not hold it under that name); define step functions at module level of a "
+            "module that remote workers can import",
+            field="fn",
+        )
+    if step.version is not None and not isinstance(step.version, str):
+        raise StepDeclarationError(
+            step.name, f"version must be a string, got {step.version!r}", field="version"
+        )
+    if not isinstance(step.resources, Resources):
+        raise StepDeclarationError(
+            step.name,
+            f"resources must be a Resources, got {type(step.resources).__name__}",
+            field="resources",
+        )
+
+
+RECIPE_MODULE = "__drydock_recipe__"
+"""The module name under which `drydock rerun` executes a recorded experiment file (pipeline.run.recipe).
+It is never registered in sys.modules, so workers receive its functions by value, as they do
+the functions of an experiment file run as `__main__`."""
+
+
+def _importable(fn: Any) -> bool:
+    """Whether `module:qualname` of `fn` leads back to `fn`, as unpickling on a worker does."""
+    if fn.__module__ == RECIPE_MODULE:
+        return True
+    target: Any = sys.modules.get(fn.__module__)
+    for part in fn.__qualname__.split("."):
+        target = getattr(target, part, None)
+    return target is fn
+
+
+def _validate_sub(step: str, path: str, sub: Any) -> None:
+    """A placeholder's sub-path must stay inside the step directory it names."""
+    if sub is None:
+        return
+    if not isinstance(sub, str):
+        raise StepDeclarationError(step, f"sub-path must be a string, got {sub!r}", field=path)
+    if sub.startswith("/") or "://" in sub or ".." in sub.split("/"):
+        raise StepDeclarationError(
+            step, f"sub-path {sub!r} must be relative and stay inside the step's directory", field=path
+        )
+
+
+def build_dag(roots: Sequence[Step], prefix: str) -> Dag:
+    """Discover, validate and identify every step reachable from `roots`."""
+    if isinstance(roots, Step):
+        roots = [roots]
+    if not roots:
+        raise StepDeclarationError(None, "no steps given", field="steps")
+    for step in roots:
+        _validate_step(step)
+
+    # Discover every Step object reachable through output_of placeholders.
+    refs: dict[Step, ConfigRefs] = {}
+    stack = list(roots)
+    while stack:
+        step = stack.pop()
+        if step in refs:
+            continue
+        refs[step] = collect_refs(step.name, step.config)
+        for path, placeholder in refs[step].inputs.items():
+            if isinstance(placeholder.step, Step):
+                _validate_step(placeholder.step, referrer=f"step {step.name!r} field `{path}`")
+                stack.append(placeholder.step)
+            elif not isinstance(placeholder.step, str):
+                raise StepDeclarationError(
+                    step.name,
+                    f"output_of needs a Step or a step name, got {type(placeholder.step).__name__}",
+                    field=path,
+                )
+
+    for step, step_refs in refs.items():
+        for path, ph in [*step_refs.inputs.items(), *step_refs.own_outputs.items()]:
+            _validate_sub(step.name, path, ph.sub)
+
+    by_name: dict[str, list[Step]] = {}
+    for step in refs:
+        by_name.setdefault(step.name, []).append(step)
+
+    # Edges between Step objects; string references resolve by name within the DAG.
+    edges: dict[Step, list[Step]] = {}
+    inputs: dict[Step, dict[str, tuple[Step, OutputOf]]] = {}
+    for step, step_refs in refs.items():
+        edges[step] = []
+        inputs[step] = {}
+        for path, placeholder in step_refs.inputs.items():
+            up = placeholder.step
+            if isinstance(up, str):
+                candidates = by_name.get(up)
+                if not candidates:
+                    raise GraphError(
+                        f"step {step.name!r}: field `{path}` points at step {up!r}, which is not in the "
+                        "DAG; pass that step to executor_main or use output_of(<Step object>)"
+                    )
+                up = candidates[0]
+            edges[step].append(up)
+            inputs[step][path] = (up, placeholder)
+
+    cycle = graph.find_cycle(edges)
+    if cycle:
+        raise GraphError("the steps form a cycle: " + " -> ".join(s.name for s in cycle))
+
+    # Upstreams before dependents, in declaration order: plans read like the experiment file.
+    order = graph.depth_first_order(edges, list(roots))
+    identities: dict[Step, Identity] = {}
+    for step in order:
+        upstream = {path: (identities[up].hash, ph.sub) for path, (up, ph) in inputs[step].items()}
+        identities[step] = compute_identity(step.name, step.version, refs[step].versioned, upstream, prefix)
+
+    # Collapse equal identities; the same name with different identities is an error.
+    nodes: dict[str, StepNode] = {}
+    label_of_name: dict[str, str] = {}
+    for step in order:
+        ident = identities[step]
+        if ident.label in nodes:
+            continue
+        other = label_of_name.get(step.name)
+        if other is not None:
+            raise GraphError(
+                f"two different steps are named {step.name!r} ({other} and {ident.label}); "
+                "give them distinct names or make their versioned values equal"
+            )
+        label_of_name[step.name] = ident.label
+        deps = tuple(dict.fromkeys(identities[up].label for up, ph in inputs[step].values() if ph.blocking))
+        soft = tuple(
+            dict.fromkeys(identities[up].label for up, ph in inputs[step].values() if not ph.blocking)
+        )
+        nodes[ident.label] = StepNode(
+            step=step,
+            identity=ident,
+            output_path=join_path(prefix, ident.label),
+            deps=deps,
+            soft_deps=tuple(s for s in soft if s not in deps),
+            refs=refs[step],
+            inputs={path: identities[up].label for path, (up, _ph) in inputs[step].items()},
+        )
+    root_labels = tuple(dict.fromkeys(identities[s].label for s in roots))
+    return Dag(prefix=prefix, nodes=MappingProxyType(nodes), roots=root_labels)
+
+
+def labels_matching(dag: Dag, pattern: str | None) -> set[str]:
+    """Labels of steps whose name matches the regex `pattern` (search anywhere in the name)."""
+    if not pattern:
+        return set()
+    try:
+        regex = re.compile(pattern)
+    except re.error as e:
+        raise StepDeclarationError(
+            None, f"invalid regular expression {pattern!r}: {e}", field="only/force"
+        ) from e
+    return {label for label, node in dag.nodes.items() if regex.search(node.name)}
+
+
+def iter_labels(dag: Dag, labels: Iterable[str]) -> list[str]:
+    """`labels` in the DAG's topological order."""
+    wanted = set(labels)
+    return [label for label in dag.nodes if label in wanted]
+
+
+def resolved_config(dag: Dag, label: str) -> Any:
+    """The config `fn` receives: placeholders replaced by paths, versioned values unwrapped."""
+    node = dag.nodes[label]
+    # Placeholders are matched by object: the same frozen value may sit at several paths.
+    upstream = {id(node.refs.inputs[path]): dag.nodes[up].output_path for path, up in node.inputs.items()}
+
+    def resolve(placeholder: OutputOf | ThisOutput) -> str:
+        base = node.output_path if isinstance(placeholder, ThisOutput) else upstream[id(placeholder)]
+        return join_path(base, placeholder.sub) if placeholder.sub else base
+
+    return resolve_config(node.step.config, resolve)

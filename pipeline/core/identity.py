@@ -1,0 +1,94 @@
+"""Step identity: one pure function of a step's name, version, versioned values and inputs.
+
+    identity = sha256(canonical_json({name, version, versioned: {path: value},
+                                      inputs: {path: [upstream hash, subpath]}}))
+
+shown as `name-<12 hex>`. Upstream identities enter by hash, so a deep DAG costs one hash per
+step. Strings that point under the storage prefix are written relative to it (`${prefix}/...`),
+so the same recipe under `gs://a` and `s3://b` has the same identities. Resources, unversioned
+fields and the `blocking` flag of an input never enter identity. No I/O here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["HASH_CHARS", "NAME_PART", "Identity", "canonical_json", "compute_identity", "relativize"]
+
+HASH_CHARS = 12
+"""Hex characters of the hash shown in names and output directories."""
+
+PREFIX_TOKEN = "${prefix}"
+
+NAME_PART = r"[A-Za-z0-9_][A-Za-z0-9._+=-]*"
+"""One part of a slash-separated step name: letters, digits and . _ + = -, not starting with '.'."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A step's identity: its name and the sha256 of its canonical description."""
+
+    name: str
+    hash: str
+    """Full sha256 hex digest."""
+    payload: Mapping[str, Any]
+    """The canonical description that was hashed (recorded in `.step.json`, used to explain)."""
+
+    @property
+    def short(self) -> str:
+        """The first `HASH_CHARS` hex characters of the hash."""
+        return self.hash[:HASH_CHARS]
+
+    @property
+    def label(self) -> str:
+        """`name-<12 hex>`: the display name and the output directory below the prefix."""
+        return f"{self.name}-{self.short}"
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys, no whitespace and no NaN; floats are already canonical (configs.to_plain)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def relativize(value: Any, prefix: str) -> Any:
+    """Rewrite strings under `prefix` as `${prefix}/...`, recursively through lists and dicts."""
+    if isinstance(value, str):
+        base = prefix.rstrip("/")  # "s3://b/" and "s3://b" are one prefix (as in dag.join_path)
+        if value in (base, prefix):
+            return PREFIX_TOKEN
+        if value.startswith(base + "/"):
+            return PREFIX_TOKEN + value[len(base) :]
+        return value
+    if isinstance(value, list):
+        return [relativize(v, prefix) for v in value]
+    if isinstance(value, dict):
+        return {k: relativize(v, prefix) for k, v in value.items()}
+    return value
+
+
+def compute_identity(
+    name: str,
+    version: str | None,
+    versioned: Mapping[str, Any],
+    inputs: Mapping[str, tuple[str, str | None]],
+    prefix: str,
+) -> Identity:
+    """The identity of one step.
+
+    `versioned` maps dotted config paths to plain values (see `configs.to_plain`); `inputs` maps
+    dotted paths to `(upstream full hash, subpath)`.
+    """
+    payload = {
+        "name": name,
+        "version": version,
+        "versioned": {path: relativize(v, prefix) for path, v in versioned.items()},
+        "inputs": {path: [h, sub] for path, (h, sub) in inputs.items()},
+    }
+    # surrogatepass: a str decoded with surrogateescape (an odd filename) must hash, not crash;
+    # every other str encodes to the same bytes as plain UTF-8.
+    digest = hashlib.sha256(canonical_json(payload).encode("utf-8", "surrogatepass")).hexdigest()
+    return Identity(name=name, hash=digest, payload=payload)

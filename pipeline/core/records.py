@@ -1,0 +1,154 @@
+"""What a step directory's metadata says, as values: status events, records, the state vocabulary.
+
+`.status` is append-only JSON lines, one `StatusEvent` each; `parse_status` reads them (a final
+line without a newline is a write in progress and is skipped; any other malformed line makes the
+file corrupt). A `StepRecord` is one step directory's snapshot entry: its events, its lease and,
+for a finished step, its `.step.json`. Planning and every view of a step read these records;
+only `pipeline.storage` produces them from files. No I/O here.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.core.lease import LeaseRecord
+from pipeline.errors import StorageError
+
+__all__ = [
+    "NOTES",
+    "Event",
+    "StatusEvent",
+    "StepRecord",
+    "complete_lines",
+    "last_state",
+    "parse_status",
+]
+
+
+class Event(enum.StrEnum):
+    """The events of `.status`, as written on disk. States change a step's state; notes do not."""
+
+    RUNNING = "RUNNING"
+    SUCCESS = "SUCCESS"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    PREEMPTED = "PREEMPTED"
+    WARNING = "WARNING"
+
+
+NOTES = frozenset({Event.WARNING})
+"""Events a running step reports about itself; they never change the step's state."""
+
+
+@dataclass(frozen=True)
+class StatusEvent:
+    """One line of `.status`."""
+
+    event: str
+    token: int
+    time: float
+    run_id: str = ""
+    message: str = ""
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    def dump(self) -> bytes:
+        raw: dict[str, Any] = {"event": str(self.event), "token": self.token, "time": round(self.time, 6)}
+        if self.run_id:
+            raw["run_id"] = self.run_id
+        if self.message:
+            raw["message"] = self.message
+        if self.data:
+            raw["data"] = dict(self.data)
+        return json.dumps(raw, sort_keys=True).encode() + b"\n"
+
+
+def last_state(events: tuple[StatusEvent, ...]) -> StatusEvent | None:
+    """The last event that is a state (RUNNING, SUCCESS, ...), not a note."""
+    for event in reversed(events):
+        if event.event not in NOTES:
+            return event
+    return None
+
+
+def complete_lines(data: bytes | None) -> bytes:
+    """`data` without an unterminated last line: what an append may safely build on.
+
+    Such a line is the trace of a write that failed half-way; appending after it would glue the
+    next event onto it and turn a skipped fragment into a corrupt line.
+    """
+    if not data:
+        return b""
+    return data[: data.rfind(b"\n") + 1]
+
+
+def parse_status(data: bytes | None, path: str = ".status") -> tuple[StatusEvent, ...]:
+    """Events of a `.status` file. A final line without newline is a write in progress: skipped."""
+    if not data:
+        return ()
+    lines = data.split(b"\n")
+    complete = lines[:-1]  # the last element is b"" or an unfinished line
+    events = []
+    for number, line in enumerate(complete, 1):
+        if not line.strip():
+            continue
+        try:
+            raw = json.loads(line)
+            events.append(
+                StatusEvent(
+                    event=raw["event"],
+                    token=int(raw["token"]),
+                    time=float(raw["time"]),
+                    run_id=raw.get("run_id", ""),
+                    message=raw.get("message", ""),
+                    data=raw.get("data", {}),
+                )
+            )
+        except (ValueError, KeyError, TypeError) as e:
+            raise StorageError(
+                f"{path} line {number} is corrupt ({e}); see it with `drydock status` and "
+                "rerun the step with `--force` to start it over"
+            ) from e
+    return tuple(events)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What storage says about one step directory at one moment (a snapshot entry)."""
+
+    events: tuple[StatusEvent, ...] = ()
+    step_json: Mapping[str, Any] | None = None
+    lease: LeaseRecord | None = None
+    corrupt: str | None = None
+    """Why `.status` could not be read, if it could not."""
+
+    @property
+    def last(self) -> StatusEvent | None:
+        """The last state event (notes such as WARNING are skipped)."""
+        return last_state(self.events)
+
+    @property
+    def state(self) -> str | None:
+        """The last state event's name, or None if the step never started here."""
+        last = last_state(self.events)
+        return last.event if last else None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.state == Event.SUCCESS
+
+    @property
+    def latest_run(self) -> StatusEvent | None:
+        """The RUNNING event that started the latest attempt."""
+        for event in reversed(self.events):
+            if event.event == Event.RUNNING:
+                return event
+        return None
+
+    @property
+    def attempts(self) -> int:
+        """RUNNING events recorded: attempts started, over all runs."""
+        return sum(1 for e in self.events if e.event == Event.RUNNING)

@@ -1,0 +1,262 @@
+"""The dashboard's web app: read-only HTML pages and JSON over one storage prefix.
+
+`create_app(prefix)` returns a FastAPI app with GET routes only:
+
+    /                                     experiments (one row per manifest)
+    /experiments/{id}                     an experiment: its DAG picture and a table of step states
+    /steps/{label}                        a step: state, config, status events, logs, loss chart, evaluation
+    /steps/{label}/logs/{name}            one log file
+    /api/experiments[/{id}], /api/steps/{label}    the same data as JSON, for tools
+    /static/...                           CSS, the page script and the vendored Chart.js
+
+Every request reads storage afresh through `pipeline.observe.dashboard.data` (a reload shows the run as
+it is now); nothing is written. Pages load nothing from outside the server: no CDN, and
+FastAPI's interactive docs (which load Swagger from a CDN) are switched off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import FastAPI, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+
+from pipeline.errors import StorageError
+from pipeline.observe.dag_render import DagNode, state_color, to_svg
+from pipeline.observe.dashboard import data
+from pipeline.storage.files import open_storage
+from pipeline.storage.step_store import StepStore
+
+__all__ = ["MAX_DAG_NODES", "MAX_TABLE_ROWS", "create_app"]
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+_EXPERIMENT_ID = re.compile(r"^[A-Za-z0-9._-]+$")
+MAX_DAG_NODES = 400
+"""Larger experiments get the step table without a picture: a sweep's SVG would be megabytes."""
+MAX_TABLE_ROWS = 1000
+"""Rows of an experiment's step table shown by default (`?all=true` shows every one, `?state=S`
+filters): a 100,000-step sweep would otherwise be a 45 MB page."""
+NOTE_COLORS = {"WARNING": ("#fff3e0", "#ef6c00")}
+LOG_TAIL_LINES = 200
+"""Lines of the latest log shown on the step page (the whole log is one click away)."""
+
+
+def _fmt_time(value: Any) -> str:
+    """Seconds since the epoch as UTC `YYYY-MM-DD HH:MM:SS`; '' for None."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return ""
+    return datetime.datetime.fromtimestamp(value, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _fmt_duration(value: Any) -> str:
+    """Seconds as `1h02m`, `3m05s` or `4.2s`; '' for None."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return ""
+    if value < 60:
+        return f"{value:.1f}s"
+    minutes, seconds = divmod(int(value), 60)
+    if minutes < 60:
+        return f"{minutes}m{seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def _fmt_number(value: Any) -> str:
+    """Floats with 4 significant digits, everything else as is."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "" if value is None else str(value)
+
+
+def _fmt_progress(progress: data.Progress | None) -> str:
+    """`45% · 450 of 1000 steps · loss 2.31`; '' for None."""
+    if progress is None:
+        return ""
+    done = _fmt_number(progress.done) if progress.done % 1 else str(int(progress.done))
+    parts = [f"{progress.percent}%"] if progress.percent is not None else []
+    if progress.total is not None:
+        total = _fmt_number(progress.total) if progress.total % 1 else str(int(progress.total))
+        parts.append(f"{done} of {total} {progress.unit}".rstrip())
+    else:
+        parts.append(f"{done} {progress.unit}".rstrip())
+    parts.extend(f"{key} {_fmt_number(value)}" for key, value in sorted(progress.data.items()))
+    return " · ".join(parts)
+
+
+def _finite(value: Any) -> Any:
+    """`value` with NaN and infinities replaced by None: they are not JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _json_default(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, Mapping):  # mappingproxy and other read-only views
+        return dict(value)
+    return str(value)
+
+
+def _plain(value: Any) -> Any:
+    """Dataclasses (and whatever holds them) as JSON-ready plain data."""
+    return _finite(json.loads(json.dumps(value, default=_json_default)))
+
+
+def _badge_color(state: str) -> tuple[str, str]:
+    """(fill, border) of a state badge: the DAG's colours, plus the notes only `.status` has."""
+    return NOTE_COLORS.get(state) or state_color(state)
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, default=str)
+
+
+def _dag_svg(detail: data.ExperimentDetail) -> str | None:
+    """The experiment's DAG as inline SVG, coloured by each step's live state."""
+    if len(detail.steps) > MAX_DAG_NODES:
+        return None
+    present = {row.label for row in detail.steps}
+    nodes = [
+        DagNode(
+            row.label,
+            row.name,
+            row.state,
+            tuple(d for d in (*row.deps, *row.soft_deps) if d in present),
+            row.fn,
+        )
+        for row in detail.steps
+    ]
+    return to_svg(nodes)  # an <svg> element without XML prologue: valid inline in HTML
+
+
+def create_app(prefix: str) -> FastAPI:
+    """The dashboard of `prefix` (a normalized prefix: absolute local path or URL)."""
+    storage = open_storage(prefix)
+    store = StepStore(storage)
+    app = FastAPI(title="Drydock dashboard", docs_url=None, redoc_url=None, openapi_url=None)
+    app.mount("/static", StaticFiles(directory=os.path.join(HERE, "static")), name="static")
+    templates = Jinja2Templates(directory=os.path.join(HERE, "templates"))
+    env = templates.env
+    env.filters.update(
+        time=_fmt_time, duration=_fmt_duration, number=_fmt_number, pretty=_pretty, progress=_fmt_progress
+    )
+    # Links are paths, not absolute URLs: they keep working through an SSH tunnel or a proxy.
+    env.globals.update(prefix=prefix, state_color=_badge_color, path_for=app.url_path_for)
+
+    def page(request: Request, template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+        return templates.TemplateResponse(request, template, context, status_code=status_code)
+
+    def error_page(request: Request, status_code: int, message: str) -> HTMLResponse:
+        return page(request, "error.html", status_code, message=message)
+
+    @app.exception_handler(OSError)
+    @app.exception_handler(StorageError)
+    def storage_failed(request: Request, error: Exception) -> HTMLResponse | JSONResponse:
+        # An object store that times out or refuses: say so instead of a bare 500 and a traceback.
+        message = f"cannot read the prefix {prefix}: {error}"
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"error": message}, status_code=503)
+        return error_page(request, 503, message)
+
+    @app.get("/", response_class=HTMLResponse)
+    def index(request: Request) -> HTMLResponse:
+        return page(request, "index.html", experiments=data.list_experiments(storage, prefix))
+
+    @app.get("/experiments/{manifest_id}", response_class=HTMLResponse)
+    def experiment(
+        request: Request,
+        manifest_id: str,
+        state: str | None = None,
+        show_all: bool = Query(False, alias="all"),
+    ) -> HTMLResponse:
+        try:
+            detail = data.read_experiment(store, prefix, manifest_id)
+        except data.NotFound as e:
+            return error_page(request, 404, str(e))
+        except ValueError as e:
+            return error_page(request, 500, f"the manifest of experiment {manifest_id} is unreadable: {e}")
+        rows = [row for row in detail.steps if state is None or row.state == state]
+        return page(
+            request,
+            "experiment.html",
+            detail=detail,
+            dag_svg=_dag_svg(detail),
+            max_dag_nodes=MAX_DAG_NODES,
+            counts=data.state_counts(detail.steps),
+            rows=rows if show_all else rows[:MAX_TABLE_ROWS],
+            matching=len(rows),
+            state_filter=state,
+        )
+
+    @app.get("/steps/{label:path}/logs/{name}", response_class=HTMLResponse)
+    def log(request: Request, label: str, name: str) -> HTMLResponse:
+        try:
+            text, cut = data.read_log(storage, prefix, label, name)
+        except data.NotFound as e:
+            return error_page(request, 404, str(e))
+        return page(request, "log.html", label=label, name=name, text=text, cut=cut)
+
+    @app.get("/steps/{label:path}", response_class=HTMLResponse)
+    def step(request: Request, label: str, experiment: str | None = None) -> HTMLResponse:
+        try:
+            detail = data.read_step(store, prefix, label)
+        except data.NotFound as e:
+            return error_page(request, 404, str(e))
+        latest_log = None
+        if detail.logs:
+            text, _cut = data.read_log(storage, prefix, label, detail.logs[-1])
+            lines = text.splitlines()
+            latest_log = (detail.logs[-1], "\n".join(lines[-LOG_TAIL_LINES:]), len(lines) > LOG_TAIL_LINES)
+        chart = None
+        if detail.metrics is not None:
+            chart = {
+                "steps": list(detail.metrics.steps),
+                "loss": list(detail.metrics.loss),
+                "learning_rate": list(detail.metrics.learning_rate),
+            }
+        return page(
+            request,
+            "step.html",
+            detail=detail,
+            # Only for the breadcrumb link back; a name that is not an experiment id is dropped.
+            experiment=experiment if experiment and _EXPERIMENT_ID.match(experiment) else None,
+            latest_log=latest_log,
+            chart=chart,
+            last_metrics=_finite(dict(detail.metrics.last)) if detail.metrics else {},
+        )
+
+    @app.get("/api/experiments")
+    def api_experiments() -> JSONResponse:
+        return JSONResponse(_plain(data.list_experiments(storage, prefix)))
+
+    @app.get("/api/experiments/{manifest_id}")
+    def api_experiment(manifest_id: str) -> JSONResponse:
+        try:
+            return JSONResponse(_plain(data.read_experiment(store, prefix, manifest_id)))
+        except data.NotFound as e:
+            return JSONResponse({"error": str(e)}, status_code=404)
+        except ValueError as e:
+            return JSONResponse({"error": f"manifest {manifest_id} is unreadable: {e}"}, status_code=500)
+
+    @app.get("/api/steps/{label:path}")
+    def api_step(label: str) -> JSONResponse:
+        try:
+            return JSONResponse(_plain(data.read_step(store, prefix, label)))
+        except data.NotFound as e:
+            return JSONResponse({"error": str(e)}, status_code=404)
+
+    return app

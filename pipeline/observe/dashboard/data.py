@@ -1,0 +1,479 @@
+"""What the dashboard shows, read from a storage prefix: experiments, step states, configs, logs, metrics.
+
+Pure readers: every function takes a `Storage` (or `StepStore`) and a prefix, reads through
+`pipeline.storage.files`'s public API, and returns plain frozen dataclasses; nothing here writes or knows
+about HTTP. Formats read:
+
+    <prefix>/experiments/<experiment>-<hash>.json   run manifests (`pipeline.storage.manifests`)
+    <prefix>/<label>/.status, .lease, .step.json    the commit protocol (`pipeline.storage.files`)
+    <prefix>/<label>/.progress                       a running step's last report (`step_events.progress`)
+    <prefix>/<label>/.logs/attempt-<token>*.log      the Ray backend's copy of a step's output
+    <prefix>/<label>/metrics.jsonl                   train_moe's per-step metrics (steps.training_hooks)
+    <prefix>/<label>/results.json                    evaluate's results (steps.evaluate)
+
+The step library's formats are read by path and JSON only: `pipeline` never imports `steps`.
+Names coming from a URL (experiment ids, step labels, log names) are checked against what storage
+lists before anything is read, so a request cannot reach outside the prefix.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.core.identity import HASH_CHARS
+from pipeline.core.lease import LeaseRecord, host_id, is_stale
+from pipeline.core.records import Event, StatusEvent, StepRecord
+from pipeline.observe.metrics import METRICS_FILE, parse_metrics
+from pipeline.storage.files import Storage
+from pipeline.storage.layout import HIDDEN_FILES
+from pipeline.storage.step_store import StepStore
+
+__all__ = [
+    "EvalResults",
+    "ExperimentDetail",
+    "ExperimentSummary",
+    "Metrics",
+    "NotFound",
+    "Progress",
+    "StepDetail",
+    "StepRow",
+    "list_experiments",
+    "live_state",
+    "read_experiment",
+    "read_log",
+    "read_metrics",
+    "read_progress",
+    "read_results",
+    "read_step",
+]
+
+MANIFEST_DIR = "experiments"
+LOGS_DIR = ".logs"
+RESULTS_FILE = "results.json"
+
+MAX_CHART_POINTS = 2000
+"""Longer curves are thinned to about this many points: a browser draws them as fast, and a
+100,000-step run does not ship megabytes of JSON per page view."""
+MAX_LOG_BYTES = 512 * 1024
+"""A log larger than this is shown by its last bytes (the end is where a failure is)."""
+
+_LABEL = re.compile(
+    rf"^[A-Za-z0-9_][A-Za-z0-9._+=-]*(/[A-Za-z0-9_][A-Za-z0-9._+=-]*)*-[0-9a-f]{{{HASH_CHARS}}}$"
+)
+_LOG_TOKEN = re.compile(r"^attempt-(\d+)")
+
+
+class NotFound(LookupError):
+    """The experiment, step or log a request names does not exist under the prefix."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Experiments (manifests)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a running step last reported with `step_events.progress` (its `.progress` file)."""
+
+    done: float
+    total: float | None
+    unit: str
+    time: float
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def percent(self) -> int | None:
+        return int(100 * self.done / self.total) if self.total else None
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One step of an experiment: the manifest's entry joined with what `.status` says now."""
+
+    label: str
+    name: str
+    fn: str
+    deps: tuple[str, ...]
+    soft_deps: tuple[str, ...]
+    manifest_state: str
+    """The run's outcome (SUCCEEDED, CACHED, FAILED, BLOCKED, ...) or, while it runs, the plan's."""
+    storage_state: str | None
+    """The last state event of `.status` now (SUCCESS, RUNNING, FAILED, ...); None if never started."""
+    state: str
+    """What to show: `live_state` of the two."""
+    progress: Progress | None = None
+    """The current attempt's progress report, for a step RUNNING now."""
+    reason: str = ""
+    started: float | None = None
+    ended: float | None = None
+    duration: float | None = None
+    attempts: int | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ExperimentSummary:
+    """One manifest, as listed on the front page."""
+
+    id: str
+    """The manifest's file name without `.json`: `<experiment>-<hash>`, the experiment's URL key."""
+    experiment: str
+    description: str
+    run_id: str
+    started: float | None
+    updated: float | None
+    finished: bool
+    exit_code: int | None
+    counts: Mapping[str, int]
+    """Number of steps per manifest state."""
+    error: str | None = None
+    """Why the manifest could not be read, if it could not."""
+
+
+@dataclass(frozen=True)
+class ExperimentDetail:
+    """A manifest with every step's live state."""
+
+    summary: ExperimentSummary
+    steps: tuple[StepRow, ...]
+    """In the manifest's (topological) order."""
+    environment: Mapping[str, Any]
+    """git, versions, host and argv of the run, as recorded."""
+
+
+def _manifest_dir(prefix: str) -> str:
+    return f"{prefix.rstrip('/')}/{MANIFEST_DIR}"
+
+
+def _summary(manifest_id: str, manifest: Mapping[str, Any]) -> ExperimentSummary:
+    counts: dict[str, int] = {}
+    for step in manifest.get("steps", []):
+        state = str(step.get("state", "UNKNOWN"))
+        counts[state] = counts.get(state, 0) + 1
+    return ExperimentSummary(
+        id=manifest_id,
+        experiment=str(manifest.get("experiment", manifest_id)),
+        description=str(manifest.get("description") or ""),
+        run_id=str(manifest.get("run_id") or ""),
+        started=manifest.get("started"),
+        updated=manifest.get("updated"),
+        finished=bool(manifest.get("finished")),
+        exit_code=manifest.get("exit_code"),
+        counts=counts,
+    )
+
+
+def _read_manifest(storage: Storage, prefix: str, manifest_id: str) -> Mapping[str, Any]:
+    data = storage.read(f"{_manifest_dir(prefix)}/{manifest_id}.json")
+    if data is None:
+        raise NotFound(f"no experiment {manifest_id!r} under {prefix}")
+    manifest = json.loads(data)
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("steps"), list):
+        raise ValueError("not a Drydock manifest (no `steps` list)")
+    return manifest
+
+
+def list_experiments(storage: Storage, prefix: str) -> list[ExperimentSummary]:
+    """Every manifest under `<prefix>/experiments/`, most recently updated first.
+
+    A manifest that cannot be parsed is listed with its error instead of hiding the others.
+    """
+    out = []
+    for name in storage.listdir(_manifest_dir(prefix)):
+        if not name.endswith(".json") or name.startswith(".tmp-"):
+            continue
+        manifest_id = name.removesuffix(".json")
+        try:
+            out.append(_summary(manifest_id, _read_manifest(storage, prefix, manifest_id)))
+        except NotFound:
+            continue  # removed between listing and reading
+        except ValueError as e:
+            out.append(
+                ExperimentSummary(manifest_id, manifest_id, "", "", None, None, False, None, {}, str(e))
+            )
+    return sorted(out, key=lambda s: (-(s.updated or 0.0), s.id))
+
+
+def runner_gone(record: StepRecord, now: float, local_host: str) -> bool:
+    """Whether a step whose last state is RUNNING has lost its runner, as `drydock status` decides:
+    its lease is absent, released or expired, or held by a dead process on this very host."""
+    return record.state == Event.RUNNING and is_stale(record.lease, now, local_host)
+
+
+def live_state(manifest_state: str, record: StepRecord, stale: bool) -> str:
+    """The state to show: storage's word where it has one, the manifest's otherwise.
+
+    The manifest is written when a run starts and when it ends, so during a run it holds planned
+    states (RUN, WAIT); `.status` is updated as steps go. A RUNNING step whose runner is gone
+    (`stale`) is shown STALE: the next run takes it over. An unreadable `.status` is CORRUPT.
+    """
+    if record.corrupt:
+        return "CORRUPT"
+    if record.state is None:
+        return manifest_state
+    if record.state == Event.SUCCESS:
+        return "CACHED" if manifest_state == "CACHED" else "SUCCEEDED"
+    if stale:
+        return "STALE"
+    return record.state
+
+
+def read_progress(storage: Storage, directory: str, events: Sequence[StatusEvent]) -> Progress | None:
+    """The `.progress` of the step's latest attempt; None if there is none or it is an older attempt's."""
+    record = StepStore(storage).progress(directory, tuple(events))
+    if record is None:
+        return None
+    try:
+        return Progress(
+            done=float(record["done"]),
+            total=None if record.get("total") is None else float(record["total"]),
+            unit=str(record.get("unit") or ""),
+            time=float(record.get("time") or 0.0),
+            data=record.get("data") or {},
+        )
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _step_row(entry: Mapping[str, Any], record: StepRecord, state: str, progress: Progress | None) -> StepRow:
+    manifest_state = str(entry.get("state", "UNKNOWN"))
+    return StepRow(
+        label=str(entry["label"]),
+        name=str(entry.get("name", "")),
+        fn=str(entry.get("fn", "")),
+        deps=tuple(entry.get("deps", ())),
+        soft_deps=tuple(entry.get("soft_deps", ())),
+        manifest_state=manifest_state,
+        storage_state=record.state,
+        state=state,
+        progress=progress,
+        reason=str(entry.get("reason") or ""),
+        started=entry.get("started"),
+        ended=entry.get("ended"),
+        duration=entry.get("duration"),
+        attempts=entry.get("attempts"),
+        error=entry.get("error"),
+    )
+
+
+def read_experiment(
+    store: StepStore, prefix: str, manifest_id: str, now: float | None = None
+) -> ExperimentDetail:
+    """One experiment's manifest with the current `.status` of each of its steps.
+
+    Raises NotFound for an id that is not a manifest under the prefix, ValueError for a corrupt one.
+    """
+    if f"{manifest_id}.json" not in store.storage.listdir(_manifest_dir(prefix)):
+        raise NotFound(f"no experiment {manifest_id!r} under {prefix}")
+    manifest = _read_manifest(store.storage, prefix, manifest_id)
+    now = time.time() if now is None else now
+    entries = [
+        e for e in manifest["steps"] if isinstance(e, Mapping) and _LABEL.match(str(e.get("label", "")))
+    ]
+    dirs = [step_dir(prefix, str(e["label"])) for e in entries]
+    with ThreadPoolExecutor(8) as pool:  # object stores are latency-bound; local disk does not mind
+        records = list(pool.map(lambda d: store.record(d, with_metadata=False), dirs))
+    local_host = host_id()
+    rows = []
+    for entry, directory, record in zip(entries, dirs, records, strict=True):
+        state = live_state(str(entry.get("state", "UNKNOWN")), record, runner_gone(record, now, local_host))
+        # Only running steps have progress worth a read: a sweep's finished steps cost nothing more.
+        progress = read_progress(store.storage, directory, record.events) if state == Event.RUNNING else None
+        rows.append(_step_row(entry, record, state, progress))
+    environment = {k: manifest.get(k) for k in ("git", "versions", "host", "argv", "prefix") if k in manifest}
+    return ExperimentDetail(_summary(manifest_id, manifest), tuple(rows), environment)
+
+
+# ---------------------------------------------------------------------------------------------
+# One step
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """A metrics.jsonl, one merged record per step, ready to chart."""
+
+    steps: tuple[int, ...]
+    loss: tuple[float | None, ...]
+    learning_rate: tuple[float | None, ...]
+    total_steps: int
+    """Records in the file (the chart may show fewer: see MAX_CHART_POINTS)."""
+    last: Mapping[str, Any]
+    """The last step's record, every key."""
+
+
+@dataclass(frozen=True)
+class EvalResults:
+    """An evaluate step's results.json."""
+
+    checkpoint: str | None
+    checkpoint_step: int | None
+    sets: Mapping[str, Mapping[str, float | None]]
+    """Per validation set: loss, bits_per_byte, perplexity."""
+    average: Mapping[str, float | None]
+
+
+@dataclass(frozen=True)
+class StepDetail:
+    """Everything the step page shows."""
+
+    label: str
+    step_json: Mapping[str, Any] | None
+    events: tuple[StatusEvent, ...]
+    state: str | None
+    """The last state event's name; None if the step never started."""
+    lease: LeaseRecord | None
+    corrupt: str | None
+    """Why `.status` could not be read, if it could not."""
+    logs: tuple[str, ...]
+    """Log file names in `.logs/`, oldest attempt first."""
+    files: tuple[str, ...]
+    """The payload's top-level entries (Drydock's own files left out)."""
+    metrics: Metrics | None
+    results: EvalResults | None
+    problems: tuple[str, ...] = field(default=())
+    """Files that exist but could not be read (a metrics or results file in another format)."""
+    stale: bool = False
+    """RUNNING, but its runner is gone (see `runner_gone`)."""
+    progress: Progress | None = None
+    """The latest attempt's progress report."""
+
+
+def step_dir(prefix: str, label: str) -> str:
+    """A step's directory under the prefix: `<prefix>/<name>-<hash>`."""
+    return f"{prefix.rstrip('/')}/{label}"
+
+
+def _check_label(storage: Storage, prefix: str, label: str) -> str:
+    """The step's directory, if `label` is a step label with a directory under the prefix."""
+    if not _LABEL.match(label) or any(part in ("", ".", "..") for part in label.split("/")):
+        raise NotFound(f"{label!r} is not a step label (name-<{HASH_CHARS} hex>)")
+    directory = step_dir(prefix, label)
+    if not storage.listdir(directory):
+        raise NotFound(f"step {label} has no directory under {prefix}")
+    return directory
+
+
+def _number(value: Any) -> float | None:
+    """A finite float, else None (a NaN loss is a gap in the chart, not an invalid JSON document)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def read_metrics(storage: Storage, directory: str) -> Metrics | None:
+    """The step's metrics.jsonl merged per step (later lines win), or None if there is none.
+
+    Lines are merged and aliased by `pipeline.observe.metrics`, the reader the training step uses.
+    """
+    data = storage.read(f"{directory}/{METRICS_FILE}")
+    if data is None:
+        return None
+    ordered = parse_metrics(data.splitlines())
+    stride = max(1, math.ceil(len(ordered) / MAX_CHART_POINTS))
+    # Thin evenly but always keep the last point: it is the one a user is watching.
+    shown = ordered[::stride]
+    if ordered and shown[-1] is not ordered[-1]:
+        shown.append(ordered[-1])
+    return Metrics(
+        steps=tuple(int(r["step"]) for r in shown),
+        loss=tuple(_number(r.get("loss")) for r in shown),
+        learning_rate=tuple(_number(r.get("learning_rate")) for r in shown),
+        total_steps=len(ordered),
+        last=ordered[-1] if ordered else {},
+    )
+
+
+def read_results(storage: Storage, directory: str) -> EvalResults | None:
+    """The step's results.json (evaluate's format), or None if there is none.
+
+    Raises ValueError if the file is there but is not in that format.
+    """
+    data = storage.read(f"{directory}/{RESULTS_FILE}")
+    if data is None:
+        return None
+    raw = json.loads(data)
+    sets = raw.get("validation_sets") if isinstance(raw, dict) else None
+    if not isinstance(sets, dict):
+        raise ValueError(f"{RESULTS_FILE} has no `validation_sets` mapping")
+    keys = ("loss", "bits_per_byte", "perplexity")
+    return EvalResults(
+        checkpoint=raw.get("checkpoint"),
+        checkpoint_step=raw.get("checkpoint_step"),
+        sets={name: {k: _number(v.get(k)) for k in keys} for name, v in sets.items() if isinstance(v, dict)},
+        average={k: _number((raw.get("average") or {}).get(k)) for k in keys},
+    )
+
+
+def _log_order(name: str) -> tuple[int, str]:
+    match = _LOG_TOKEN.match(name)
+    return (int(match.group(1)) if match else -1, name)
+
+
+def read_step(store: StepStore, prefix: str, label: str, now: float | None = None) -> StepDetail:
+    """Everything about one step directory. Raises NotFound if `label` has no directory."""
+    storage = store.storage
+    directory = _check_label(storage, prefix, label)
+    record = store.record(directory, with_metadata=False)
+    entries = storage.listdir(directory)
+    logs = tuple(
+        sorted((n for n in storage.listdir(f"{directory}/{LOGS_DIR}") if n.endswith(".log")), key=_log_order)
+    )
+    files = tuple(
+        sorted(
+            n for n in entries if n not in HIDDEN_FILES and not n.startswith((".tmp-", ".status.corrupt-"))
+        )
+    )
+    problems = []
+    metrics = results = None
+    if METRICS_FILE in entries:
+        metrics = read_metrics(storage, directory)
+    if RESULTS_FILE in entries:
+        try:
+            results = read_results(storage, directory)
+        except (ValueError, AttributeError) as e:
+            problems.append(f"{RESULTS_FILE} is not in the evaluate step's format: {e}")
+    lease = record.lease if record.lease is not None else store.lease(directory)
+    now = time.time() if now is None else now
+    return StepDetail(
+        label=label,
+        step_json=store.read_step_json(directory),
+        events=record.events,
+        state=record.state,
+        lease=lease,
+        corrupt=record.corrupt,
+        logs=logs,
+        files=files,
+        metrics=metrics,
+        results=results,
+        problems=tuple(problems),
+        stale=runner_gone(record, now, host_id()),
+        progress=read_progress(storage, directory, record.events),
+    )
+
+
+def read_log(storage: Storage, prefix: str, label: str, name: str) -> tuple[str, bool]:
+    """A log of the step: its text (the last MAX_LOG_BYTES) and whether it was cut.
+
+    Only names that `.logs/` lists are read.
+    """
+    directory = _check_label(storage, prefix, label)
+    if name not in storage.listdir(f"{directory}/{LOGS_DIR}"):
+        raise NotFound(f"step {label} has no log {name!r}")
+    data = storage.read(f"{directory}/{LOGS_DIR}/{name}") or b""
+    cut = len(data) > MAX_LOG_BYTES
+    return data[-MAX_LOG_BYTES:].decode("utf-8", errors="replace"), cut
+
+
+def state_counts(rows: Sequence[StepRow]) -> dict[str, int]:
+    """Steps per shown state, for an experiment's header."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row.state] = counts.get(row.state, 0) + 1
+    return counts

@@ -1,0 +1,96 @@
+"""Human-readable views of plans and runs (rich tables). No logic of its own.
+
+The status table lives in `pipeline.observe.status`, DAG pictures in `pipeline.observe.dag_render`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from pipeline.core.plan import Plan, State
+from pipeline.core.report import RunReport
+
+__all__ = ["format_preview", "plan_table", "print_table", "run_summary"]
+
+_STYLE = {
+    State.CACHED: "green",
+    State.SUCCEEDED: "bold green",
+    State.RUN: "yellow",
+    State.WAIT: "cyan",
+    State.BLOCKED: "red",
+    State.FAILED: "bold red",
+    State.CANCELLED: "magenta",
+    State.SKIPPED: "dim",
+}
+
+
+def _state(state: State) -> Text:
+    return Text(state.value, style=_STYLE.get(state, ""))
+
+
+def plan_table(plan: Plan, title: str = "Plan", explanations: Mapping[str, str] | None = None) -> Table:
+    """One row per step: state, step, reason and drift notes, output directory.
+
+    `explanations` (label -> line, from `pipeline.observe.explain.plan_explanations`) add, under the
+    reason of a step that will run under a new identity, what differs from its closest other run.
+    """
+    counts = ", ".join(f"{n} {s.lower()}" for s, n in plan.counts().items())
+    table = Table(title=f"{title} — {len(plan.steps)} steps ({counts})", title_justify="left")
+    table.add_column("state", no_wrap=True)
+    table.add_column("step", no_wrap=True)
+    table.add_column("why")
+    table.add_column("output", overflow="fold")
+    for sp in plan.steps.values():
+        why = sp.reason
+        if len(sp.notes) > 1:
+            why += "".join(f"\n  {n}" for n in sp.notes[1:])
+        if explanations and sp.label in explanations:
+            why += f"\n  {explanations[sp.label]}"
+        table.add_row(_state(sp.state), sp.label, why, sp.output_path)
+    return table
+
+
+def run_summary(report: RunReport) -> Table:
+    """The end-of-run table: final state, duration and error of every step."""
+    counts: dict[str, int] = {}
+    for o in report.outcomes.values():
+        counts[o.state.value] = counts.get(o.state.value, 0) + 1
+    summary = ", ".join(f"{n} {s.lower()}" for s, n in counts.items())
+    table = Table(title=f"Run — {summary}", title_justify="left")
+    table.add_column("state", no_wrap=True)
+    table.add_column("step", no_wrap=True)
+    table.add_column("time", justify="right")
+    table.add_column("detail")
+    for label, o in report.outcomes.items():
+        detail = o.error or ""
+        if o.blocked_by:
+            detail = f"blocked by {report.plan.dag.nodes[o.blocked_by].name}"
+        elif o.state in (State.CACHED, State.SKIPPED):
+            detail = report.plan.steps[label].reason
+        elif o.state == State.CANCELLED:
+            detail = "interrupted" if o.started is not None else "not started (run interrupted)"
+        duration = f"{o.duration:.1f}s" if o.duration is not None else ""
+        table.add_row(_state(o.state), label, duration, detail)
+    return table
+
+
+def print_table(table: Table, *, stderr: bool = False) -> None:
+    """Print `table` to stdout (200 columns when not a terminal) or stderr."""
+    Console(stderr=stderr, width=None if stderr else 200, soft_wrap=False).print(table)
+
+
+def format_preview(preview: str | Mapping[str, Any]) -> str:
+    """A preview or report as text: strings as they are, mappings as aligned `key: value` lines."""
+    if isinstance(preview, str):
+        return preview
+    width = max(len(str(k)) for k in preview)
+    lines = []
+    for key, value in preview.items():
+        shown = f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+        lines.append(f"  {str(key) + ':':<{width + 1}} {shown}")
+    return "\n".join(lines)

@@ -1,0 +1,350 @@
+"""What storage says about a run's steps right now, as rows, a rich table, or a live view.
+
+`drydock status FILE|MANIFEST [--watch]` is built from three parts:
+
+* `StepEntry`: the little a status needs about a step (label, name, output path, deps), taken
+  from a DAG or read straight from a run manifest, so status works on any machine that can read
+  the prefix, without the experiment's code;
+* `read_status(entries, store)`: one `StepStatus` per step from its `.status`, `.lease`,
+  `.progress` and, for training steps, the tail of `metrics.jsonl` (current step and loss);
+* `status_table(rows)` renders them; `watch(...)` refreshes the table with rich `Live` until no
+  step is running any more.
+
+Reads only; writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from pipeline.core.dag import Dag
+from pipeline.core.lease import is_stale
+from pipeline.core.records import Event, StatusEvent
+from pipeline.observe.metrics import METRICS_FILE
+from pipeline.storage.files import LocalStorage
+from pipeline.storage.step_store import StepStore
+
+__all__ = [
+    "StepEntry",
+    "StepStatus",
+    "entries_from_dag",
+    "entries_from_manifest",
+    "read_status",
+    "status_json",
+    "status_table",
+    "watch",
+]
+
+_TAIL_BYTES = 16 * 1024  # a few dozen metrics lines: enough to find the latest step and loss
+
+
+@dataclass(frozen=True)
+class StepEntry:
+    """A step as the status view needs it."""
+
+    label: str
+    name: str
+    output_path: str
+    deps: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class StepStatus:
+    """One step's status at one moment."""
+
+    entry: StepEntry
+    state: str
+    """NOT STARTED, RUNNING, STALE (RUNNING but its runner is gone), SUCCESS, FAILED, CANCELLED,
+    PREEMPTED or CORRUPT."""
+    attempt: int | None = None
+    started: float | None = None
+    """Time of the latest RUNNING event."""
+    ended: float | None = None
+    """Time of the state event that ended the latest attempt."""
+    last_event: StatusEvent | None = None
+    """The newest line of `.status`, notes (WARNING) included."""
+    holder: str = ""
+    """Who holds the lease of a running step."""
+    progress: Mapping[str, Any] | None = None
+    """The latest `.progress` of the current attempt (done, total, unit, data)."""
+    train_step: int | None = None
+    loss: float | None = None
+    detail: str = ""
+    """Why a status is CORRUPT or STALE."""
+
+    def duration(self, now: float) -> float | None:
+        """Seconds the latest attempt ran (so far, if it is running)."""
+        if self.started is None:
+            return None
+        end = self.ended if self.ended is not None else (now if self.state == Event.RUNNING else None)
+        return None if end is None else max(0.0, end - self.started)
+
+
+def entries_from_dag(dag: Dag) -> list[StepEntry]:
+    """Every step of `dag`, in topological order."""
+    return [StepEntry(label, node.name, node.output_path, node.deps) for label, node in dag.nodes.items()]
+
+
+def entries_from_manifest(manifest: Mapping[str, Any]) -> list[StepEntry]:
+    """Every step a run manifest lists (labels, names, output paths and deps are all it needs)."""
+    out = []
+    for step in manifest.get("steps", []):
+        out.append(
+            StepEntry(
+                label=str(step["label"]),
+                name=str(step.get("name") or step["label"].rsplit("-", 1)[0]),
+                output_path=str(step["output_path"]),
+                deps=tuple(step.get("deps", ())),
+            )
+        )
+    return out
+
+
+def read_status(
+    entries: Sequence[StepEntry], store: StepStore, *, now: float, local_host: str, threads: int = 16
+) -> list[StepStatus]:
+    """The status of every entry, read from storage now (in parallel on object stores)."""
+
+    def one(entry: StepEntry) -> StepStatus:
+        return _status(entry, store, now, local_host)
+
+    if isinstance(store.storage, LocalStorage) or len(entries) < 32:
+        return [one(e) for e in entries]
+    with ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(one, entries))
+
+
+def _status(entry: StepEntry, store: StepStore, now: float, local_host: str) -> StepStatus:
+    record = store.record(entry.output_path, with_metadata=False)
+    if record.corrupt:
+        return StepStatus(entry, "CORRUPT", detail=record.corrupt)
+    last = record.last
+    if last is None:
+        return StepStatus(entry, "NOT STARTED")
+    runs = [e for e in record.events if e.event == Event.RUNNING]
+    latest_run = runs[-1] if runs else None
+    state, detail, holder = last.event, "", ""
+    if state == Event.RUNNING:
+        lease = record.lease
+        if is_stale(lease, now, local_host):
+            state, detail = "STALE", "RUNNING, but its runner is gone (its lease is stale)"
+        elif lease is not None:
+            holder = f"pid {lease.pid} on {lease.host.split('/')[0]}"
+    attempt = None
+    if latest_run is not None:
+        attempt = int(latest_run.data.get("attempt", len(runs))) if latest_run.data else len(runs)
+    ended = last.time if last.event != Event.RUNNING else None
+    progress = store.progress(entry.output_path, record.events)
+    train_step, loss = _metrics_tail(store, entry.output_path)
+    return StepStatus(
+        entry,
+        state,
+        attempt=attempt,
+        started=latest_run.time if latest_run else None,
+        ended=ended,
+        last_event=record.events[-1],
+        holder=holder,
+        progress=progress,
+        train_step=train_step,
+        loss=loss,
+        detail=detail,
+    )
+
+
+def _metrics_tail(store: StepStore, step_dir: str) -> tuple[int | None, float | None]:
+    """The latest step in `metrics.jsonl` and the latest loss logged, from its last few KiB."""
+    tail = store.storage.read_tail(f"{step_dir}/{METRICS_FILE}", _TAIL_BYTES)
+    if not tail:
+        return None, None
+    lines = tail.split(b"\n")
+    if len(tail) == _TAIL_BYTES:
+        lines = lines[1:]  # the first line is probably cut
+    step: int | None = None
+    loss: float | None = None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line being written, or cut
+        if not isinstance(record, dict):
+            continue
+        if step is None and isinstance(record.get("step"), int):
+            step = record["step"]
+        value = record.get("train/loss", record.get("loss"))
+        if loss is None and isinstance(value, int | float):
+            loss = float(value)
+        if step is not None and loss is not None:
+            break
+    return step, loss
+
+
+# -- rendering --------------------------------------------------------------------------------------
+
+STATE_STYLES: Mapping[str, str] = {
+    Event.SUCCESS: "green",
+    Event.RUNNING: "bold yellow",
+    "STALE": "dark_orange",
+    "FAILED": "bold red",
+    "CORRUPT": "bold red",
+    "CANCELLED": "magenta",
+    "PREEMPTED": "dark_orange",
+    "NOT STARTED": "dim",
+}
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 86400:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def _bar(fraction: float, width: int = 12) -> str:
+    filled = round(max(0.0, min(1.0, fraction)) * width)
+    return "█" * filled + "░" * (width - filled)
+
+
+def progress_text(row: StepStatus) -> str:
+    """`120/1,000 steps  loss 3.21` for training, `███░░ 40% 4/10 shards` for other progress."""
+    parts = []
+    p = row.progress
+    # Done: a bar would only show how far the last (throttled) report had got.
+    running = row.state != Event.SUCCESS
+    if p is not None and p.get("total"):
+        if running:
+            parts.append(f"{_bar(p['done'] / p['total'])} {100 * p['done'] / p['total']:.0f}%")
+        if row.train_step is None and running:
+            parts.append(f"{p['done']:,}/{p['total']:,} {p.get('unit', '')}".rstrip())
+    elif p is not None and row.train_step is None and running:
+        parts.append(f"{p['done']:,} {p.get('unit', '')}".rstrip())
+    if row.train_step is not None:
+        total = p.get("total") if p is not None else None
+        # metrics.jsonl numbers steps from 0: after step index N, N + 1 steps are done.
+        done = row.train_step + 1
+        parts.append(f"{done:,}/{total:,} steps" if total else f"{done:,} steps")
+    loss = row.loss
+    if loss is None and p is not None and isinstance(p.get("data", {}).get("loss"), int | float):
+        loss = p["data"]["loss"]
+    if loss is not None:
+        parts.append(f"loss {loss:.4g}")
+    return "  ".join(parts)
+
+
+def _last_event_text(row: StepStatus, now: float) -> str:
+    event = row.last_event
+    if row.state == "CORRUPT":
+        return row.detail
+    if event is None:
+        return ""
+    text = f"{event.event} {_age(now - event.time)} ago"
+    if event.message:
+        text += f": {event.message.splitlines()[0][:70]}"
+    elif row.holder:
+        text += f" by {row.holder}"
+    return text
+
+
+def status_table(rows: Sequence[StepStatus], *, now: float, title: str = "Status") -> Table:
+    """One row per step: state, attempt, duration, last event and its age, progress, output."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row.state] = counts.get(row.state, 0) + 1
+    summary = ", ".join(f"{n} {s.lower()}" for s, n in counts.items())
+    table = Table(title=f"{title} — {len(rows)} steps ({summary})", title_justify="left")
+    table.add_column("step", no_wrap=True)
+    table.add_column("state", no_wrap=True)
+    table.add_column("attempt", justify="right")
+    table.add_column("duration", justify="right", no_wrap=True)
+    table.add_column("last event", max_width=40)
+    table.add_column("progress", no_wrap=True)
+    table.add_column("output", overflow="fold", min_width=20)
+    for row in rows:
+        table.add_row(
+            row.entry.label,
+            Text(row.state, style=STATE_STYLES.get(row.state, "")),
+            "" if row.attempt is None else str(row.attempt),
+            _duration(row.duration(now)),
+            _last_event_text(row, now),
+            progress_text(row),
+            row.entry.output_path,
+        )
+    return table
+
+
+def status_json(rows: Iterable[StepStatus], now: float) -> list[dict[str, Any]]:
+    """The rows as JSON-ready dicts (for `drydock status --json`)."""
+    out = []
+    for row in rows:
+        last = row.last_event
+        out.append(
+            {
+                "label": row.entry.label,
+                "name": row.entry.name,
+                "output_path": row.entry.output_path,
+                "table_state": row.state,
+                "attempt": row.attempt,
+                "duration": row.duration(now),
+                "last_event": last.event if last else None,
+                "last_event_time": last.time if last else None,
+                "last_message": last.message if last else None,
+                "progress": dict(row.progress) if row.progress else None,
+                "train_step": row.train_step,
+                "loss": row.loss,
+                "detail": row.detail or None,
+            }
+        )
+    return out
+
+
+def watch(
+    load: Callable[[], list[StepStatus]],
+    console: Console,
+    *,
+    interval: float,
+    title: str,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[StepStatus]:
+    """Show the status table and refresh it every `interval` seconds until no step is RUNNING.
+
+    Returns the last rows read. Ctrl-C propagates to the caller (which treats it as "stop watching").
+    """
+    from rich.live import Live
+
+    rows = load()
+    with Live(console=console, auto_refresh=False, transient=False) as live:
+        while True:
+            now = clock()
+            footer = Text(
+                f"refreshed {time.strftime('%H:%M:%S', time.localtime(now))}, every {interval:g}s; "
+                "Ctrl-C to stop watching",
+                style="dim",
+            )
+            live.update(Group(status_table(rows, now=now, title=title), footer), refresh=True)
+            if not any(row.state == Event.RUNNING for row in rows):
+                return rows
+            sleep(interval)
+            rows = load()

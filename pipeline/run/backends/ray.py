@@ -1,0 +1,463 @@
+"""The `ray` backend: each step runs as a Ray task with the step's `Resources`.
+
+With no address (and no RAY_ADDRESS) it starts a local Ray instance for the run and shuts it
+down afterwards; with an address it joins that cluster. Only dispatch lives here: leases,
+status events and commits stay in the executor on the driver.
+
+Mapping of `Resources` to Ray:
+    cpus, gpus, memory, custom  -> num_cpus, num_gpus, memory, resources of the task
+    env, pip                    -> runtime_env {"env_vars": ..., "pip": ...}
+    tpu="v4-16", slices=N       -> per slice: a placement group on `TPU-v4-16-head` reserves a
+                                   slice, then a STRICT_SPREAD placement group with one
+                                   {"TPU": chips_per_host} bundle per host of that slice (by the
+                                   `ray.io/tpu-slice-name` label) gang-reserves all its hosts;
+                                   one task per host runs the step function. All hosts start
+                                   together or none does. Multislice gets MEGASCALE_* variables.
+
+Failures: a task lost with its node (node died, worker crashed, slice preempted) raises
+`StepPreempted`; an exception in the step function raises `StepFailed` with the remote
+traceback. The executor records them and retries each on its own budget.
+
+Fencing: while a task runs, a watcher thread in its worker re-reads the step's `.lease` every
+`StepTask.lease_poll` seconds, and the worker refuses the step's file writes (`pipeline.run.fence`,
+process-wide: the worker runs only this task, and threads the step starts are fenced too) once
+the lease's `expires` has passed or the lease is no longer this attempt's. A live driver renews
+the lease before then, so it never trips; a frozen driver stops renewing, and its worker stops
+writing when the lease expires, which is when another runner may take the step over (assuming
+the worker's clock is not behind that runner's by more than the time it takes to take over). A
+fenced task raises `FencedWrite`, which the driver reports as `LeaseExpired`: a lost lease.
+
+Logs: the task is named after the step, so Ray streams its output to the console prefixed
+with the step name; a copy is written to `<output>/.logs/attempt-<n>[-slice-<s>-host-<h>].log`, where
+<n> is the attempt's fencing token: it grows across runs, so a later run never overwrites a log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import ray
+import ray.exceptions
+from ray.util.placement_group import (
+    PlacementGroup,
+    placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from pipeline.core.plan import Plan, State
+from pipeline.core.tpu import TpuSlice, tpu_slice
+from pipeline.errors import StepCancelled, StepDeclarationError, StepFailed, StepPreempted
+from pipeline.run.backends.base import Backend, StepTask
+from pipeline.run.fence import LeaseExpired
+from pipeline.run.options import RayOptions
+from pipeline.run.step_events import StepContext
+from pipeline.run.worker import Placement, call_step, lease_fence
+from pipeline.step import Resources, hooks_of
+from pipeline.storage.layout import LOGS_DIR, log_name
+
+__all__ = ["FencedWrite", "RayBackend", "parse_memory"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+SLICE_LABEL = "ray.io/tpu-slice-name"
+MEGASCALE_PORT = 8081
+
+# Errors that mean the machine went away, not that the step function is wrong.
+_PREEMPTION_ERRORS: tuple[type[BaseException], ...] = (
+    ray.exceptions.NodeDiedError,
+    ray.exceptions.WorkerCrashedError,
+    ray.exceptions.LocalRayletDiedError,
+    ray.exceptions.ObjectLostError,
+    ray.exceptions.OwnerDiedError,
+    ray.exceptions.ActorDiedError,
+    ray.exceptions.ActorUnavailableError,
+)
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1e3,
+    "kb": 1e3,
+    "m": 1e6,
+    "mb": 1e6,
+    "g": 1e9,
+    "gb": 1e9,
+    "t": 1e12,
+    "tb": 1e12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+
+def parse_memory(text: str) -> int:
+    """Bytes in a memory size such as "16GiB", "512MB" or "1e9"."""
+    value = text.strip().lower().replace(" ", "")
+    number = value.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = value[len(number) :]
+    if unit not in _UNITS or not number:
+        raise ValueError(f"cannot read memory size {text!r}; use e.g. '16GiB' or '512MB'")
+    return int(float(number) * _UNITS[unit])
+
+
+class FencedWrite(Exception):
+    """Raised by a Ray task whose step tried to write after its lease expired (the write was
+    refused). An `Exception`, unlike `LeaseExpired`, so that Ray reports it as the task's error."""
+
+
+def _call_step(
+    fn: Callable[[Any], Any],
+    config: Any,
+    log_path: str,
+    context: StepContext,
+    lease_poll: float | None = None,
+    valid_until: float | None = None,
+    label: str = "",
+) -> None:
+    """Runs on a Ray worker: the step function through `pipeline.run.worker`, fenced by its lease,
+    its output copied to the step's logs."""
+    try:
+        with lease_fence(context, lease_poll, valid_until, label) as fence:
+            call_step(fn, config, context, placement=Placement.PROCESS, fence=fence, log_path=log_path)
+    except LeaseExpired as e:
+        raise FencedWrite(str(e)) from None
+
+
+class RayBackend(Backend):
+    """Runs steps as Ray tasks on a local instance or a cluster."""
+
+    name = "ray"
+
+    @classmethod
+    def create(cls, options: RayOptions) -> RayBackend:
+        return cls(address=options.address, num_cpus=options.num_cpus)
+
+    @staticmethod
+    def fan_out(fn: Callable[..., T], args: Sequence[tuple[Any, ...]], max_workers: int) -> Iterator[T]:
+        """As Ray tasks of one CPU each, when the step runs on a Ray worker (else local processes)."""
+        if not (ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE):
+            yield from Backend.fan_out(fn, args, max_workers)
+            return
+        remote = ray.remote(num_cpus=1)(fn)
+        pending = [remote.remote(*a) for a in args]
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            yield ray.get(done[0])
+
+    def __init__(self, address: str | None = None, num_cpus: int | None = None) -> None:
+        address = address or os.environ.get("RAY_ADDRESS") or None
+        self._owns_ray = False
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = {"log_to_driver": True, "logging_level": logging.WARNING}
+            if address:
+                _check_reachable(address)
+                ray.init(address=address, **kwargs)
+            else:
+                # A private instance for this run ("local": never join another instance that
+                # happens to run on this machine), advertised on a loopback address.
+                ray.init(
+                    address="local",
+                    num_cpus=num_cpus,
+                    include_dashboard=False,
+                    _node_ip_address=_private_ip(),
+                    **kwargs,
+                )
+            self._owns_ray = True
+        self._remote = ray.remote(_call_step)
+        self._remote_fresh = ray.remote(max_calls=1)(_call_step)
+        self._lock = threading.Lock()
+        self._refs: dict[str, list[ray.ObjectRef]] = {}
+        self._cancelled: set[str] = set()
+
+    # -- planning ---------------------------------------------------------------------------------
+
+    def default_concurrency(self) -> int:
+        # Ray queues tasks by resources; this only bounds the driver threads waiting on them.
+        return 256
+
+    def validate(self, plan: Plan) -> None:
+        """Fail fast, naming the step, if the cluster can never satisfy what a step asks for."""
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        for label in plan.in_state(State.RUN, State.WAIT):
+            node = plan.dag.nodes[label]
+            problem = unsatisfiable(node.step.resources, nodes)
+            if problem:
+                raise StepDeclarationError(node.name, problem, field="resources")
+
+    # -- running ----------------------------------------------------------------------------------
+
+    def run(self, task: StepTask) -> None:
+        with self._lock:
+            self._cancelled.discard(task.label)
+            self._refs[task.label] = []
+        try:
+            if task.resources.tpu:
+                self._run_tpu(task, tpu_slice(task.resources.tpu))
+            else:
+                options = _task_options(task.resources)
+                self._wait([self._submit(task, options, log_name(task.token))], task)
+        finally:
+            with self._lock:
+                self._refs.pop(task.label, None)
+
+    def _submit(self, task: StepTask, options: dict[str, Any], log_name: str) -> ray.ObjectRef:
+        log_path = f"{task.output_path}/{LOGS_DIR}/{log_name}"
+        # A step function marked `fresh_process = True` (e.g. training, which leaves global state
+        # behind in its process) gets a worker that exits after the call.
+        remote = self._remote_fresh if hooks_of(task.fn).fresh_process else self._remote
+        # The lease's deadline as the driver knows it now, on the wall clock the worker compares
+        # `.lease`'s `expires` with.
+        valid_until = time.time() + task.lease_remaining() if task.lease_remaining is not None else None
+        ref = remote.options(name=task.name, max_retries=0, **options).remote(
+            task.fn, task.config, log_path, task.context(self.name), task.lease_poll, valid_until, task.label
+        )
+        with self._lock:
+            self._refs.setdefault(task.label, []).append(ref)
+            cancelled = task.label in self._cancelled
+        if cancelled:
+            ray.cancel(ref, force=True)
+        return ref
+
+    def _wait(self, refs: list[ray.ObjectRef], task: StepTask) -> None:
+        """Wait for all refs; the first failure cancels the others (a gang fails as one)."""
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(done[0])
+            except BaseException:
+                for ref in pending:
+                    ray.cancel(ref, force=True)
+                self._raise(task)
+        if task.label in self._cancelled:
+            raise StepCancelled(task.label)
+
+    def _raise(self, task: StepTask) -> None:
+        """Translate the exception being handled into the executor's vocabulary."""
+        error = sys.exc_info()[1]
+        if task.label in self._cancelled or isinstance(error, ray.exceptions.TaskCancelledError):
+            raise StepCancelled(task.label) from None
+        if isinstance(error, _PREEMPTION_ERRORS):
+            raise StepPreempted(f"{type(error).__name__}: {str(error).splitlines()[0]}") from None
+        if isinstance(error, ray.exceptions.RayTaskError) and isinstance(error.cause, FencedWrite):
+            raise LeaseExpired(str(error.cause)) from None
+        if isinstance(error, ray.exceptions.RayTaskError):
+            cause = error.cause
+            message = f"{type(cause).__name__}: {cause}" if cause is not None else str(error).splitlines()[0]
+            raise StepFailed(_plain(message), _plain(str(error))) from None
+        raise error  # type: ignore[misc]
+
+    def _run_tpu(self, task: StepTask, spec: TpuSlice) -> None:
+        resources = task.resources
+        groups: list[PlacementGroup] = []
+        try:
+            slices: list[tuple[str, PlacementGroup]] = []
+            for _ in range(resources.slices):
+                # Reserve a whole slice through its head host, then gang-reserve all its hosts.
+                head = placement_group([{spec.head_resource: 1}])
+                groups.append(head)
+                self._ready(head, task)
+                name = _slice_of(placement_group_table(head)["bundles_to_node_id"][0])
+                bundle = {"TPU": float(spec.chips_per_host), "CPU": float(resources.cpus)}
+                hosts = placement_group(
+                    [dict(bundle) for _ in range(spec.hosts)],
+                    strategy="STRICT_SPREAD",
+                    bundle_label_selector=[{SLICE_LABEL: name} for _ in range(spec.hosts)],
+                )
+                groups.append(hosts)
+                self._ready(hosts, task)
+                slices.append((name, hosts))
+            coordinator = _node_ip(placement_group_table(slices[0][1])["bundles_to_node_id"][0])
+            refs = []
+            for s, (name, group) in enumerate(slices):
+                for h in range(spec.hosts):
+                    env = {
+                        **resources.env,
+                        "DRYDOCK_TPU_TYPE": spec.type,
+                        "DRYDOCK_TPU_SLICE_NAME": name,
+                        "DRYDOCK_TPU_SLICE_ID": str(s),
+                        "DRYDOCK_TPU_HOST_ID": str(h),
+                        "DRYDOCK_TPU_NUM_HOSTS": str(spec.hosts),
+                    }
+                    if resources.slices > 1:
+                        env.update(
+                            MEGASCALE_COORDINATOR_ADDRESS=f"{coordinator}:{MEGASCALE_PORT}",
+                            MEGASCALE_NUM_SLICES=str(resources.slices),
+                            MEGASCALE_SLICE_ID=str(s),
+                            MEGASCALE_PORT=str(MEGASCALE_PORT),
+                        )
+                    options = {
+                        "num_cpus": resources.cpus,
+                        "resources": {"TPU": float(spec.chips_per_host), **resources.custom},
+                        "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                            group, placement_group_bundle_index=h
+                        ),
+                        "runtime_env": _runtime_env(resources, env),
+                    }
+                    refs.append(self._submit(task, options, log_name(task.token, s, h)))
+            self._wait(refs, task)
+        finally:
+            for group in groups:
+                with contextlib.suppress(Exception):
+                    remove_placement_group(group)
+
+    def _ready(self, group: PlacementGroup, task: StepTask) -> None:
+        """Wait until a placement group is reserved; stop waiting if the step is cancelled."""
+        while True:
+            ready, _ = ray.wait([group.ready()], timeout=1.0)
+            if ready:
+                return
+            if task.label in self._cancelled:
+                raise StepCancelled(task.label)
+
+    def cancel(self, label: str) -> None:
+        with self._lock:
+            self._cancelled.add(label)
+            refs = list(self._refs.get(label, ()))
+        for ref in refs:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=True)
+
+    def close(self) -> None:
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _plain(text: str) -> str:
+    """Text without terminal colour codes (Ray colours its tracebacks)."""
+    return _ANSI.sub("", text)
+
+
+def _check_reachable(address: str, timeout: float = 10.0) -> None:
+    """Fail fast, instead of retrying for minutes, when a `host:port` cluster address is down."""
+    if "://" in address or address == "auto" or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return
+    except (OSError, ValueError) as e:
+        raise StepDeclarationError(
+            None, f"cannot reach a Ray cluster at {address!r}: {e}", field="--ray_address"
+        ) from e
+
+
+def _private_ip() -> str | None:
+    """A loopback address for a private instance. Ray rewrites 127.0.0.1 to the machine's
+    network address, but not the rest of 127/8, which Linux routes to loopback as well."""
+    return "127.0.0.2" if sys.platform.startswith("linux") else None
+
+
+def _runtime_env(resources: Resources, env: dict[str, str] | None = None) -> dict[str, Any]:
+    runtime_env: dict[str, Any] = {}
+    env_vars = dict(resources.env if env is None else env)
+    if env_vars:
+        runtime_env["env_vars"] = env_vars
+    if resources.pip:
+        runtime_env["pip"] = list(resources.pip)
+    return runtime_env
+
+
+def _task_options(resources: Resources) -> dict[str, Any]:
+    options: dict[str, Any] = {"num_cpus": resources.cpus, "num_gpus": resources.gpus}
+    if resources.memory:
+        options["memory"] = parse_memory(resources.memory)
+    if resources.custom:
+        options["resources"] = dict(resources.custom)
+    runtime_env = _runtime_env(resources)
+    if runtime_env:
+        options["runtime_env"] = runtime_env
+    return options
+
+
+def _node(node_id: str) -> dict[str, Any]:
+    for node in ray.nodes():
+        if node["NodeID"] == node_id:
+            return node
+    raise StepPreempted(f"node {node_id} left the cluster")
+
+
+def _slice_of(node_id: str) -> str:
+    node = _node(node_id)
+    name = (node.get("Labels") or {}).get(SLICE_LABEL)
+    if not name:
+        raise StepFailed(f"TPU head node {node['NodeManagerAddress']} has no {SLICE_LABEL!r} label")
+    return name
+
+
+def _node_ip(node_id: str) -> str:
+    return _node(node_id)["NodeManagerAddress"]
+
+
+def _requested(resources: Resources) -> dict[str, float]:
+    wanted: dict[str, float] = {"CPU": float(resources.cpus)}
+    if resources.gpus:
+        wanted["GPU"] = float(resources.gpus)
+    if resources.memory:
+        wanted["memory"] = float(parse_memory(resources.memory))
+    wanted.update({k: float(v) for k, v in resources.custom.items()})
+    return wanted
+
+
+def _describe(resources: dict[str, float]) -> str:
+    shown = {
+        k: v for k, v in sorted(resources.items()) if not k.startswith("node:") and "object_store" not in k
+    }
+    return ", ".join(f"{k} {v:g}" for k, v in shown.items()) or "nothing"
+
+
+def unsatisfiable(resources: Resources, nodes: list[dict[str, Any]]) -> str | None:
+    """Why no node (or slice) of the cluster can ever run a step with `resources`, or None."""
+    if resources.tpu:
+        try:
+            spec = tpu_slice(resources.tpu)
+        except ValueError as e:
+            return str(e)
+        per_slice: dict[str, int] = {}
+        heads = set()
+        for node in nodes:
+            name = (node.get("Labels") or {}).get(SLICE_LABEL)
+            res = node.get("Resources", {})
+            if name and res.get("TPU", 0) >= spec.chips_per_host and res.get("CPU", 0) >= resources.cpus:
+                per_slice[name] = per_slice.get(name, 0) + 1
+            if name and res.get(spec.head_resource, 0) >= 1:
+                heads.add(name)
+        complete = [name for name in heads if per_slice.get(name, 0) >= spec.hosts]
+        if len(complete) < resources.slices:
+            return (
+                f"asks for {resources.slices} x {spec.type} ({spec.hosts} hosts of {spec.chips_per_host} "
+                f"chips each, head resource {spec.head_resource}); the cluster has {len(complete)} such "
+                "slice(s)"
+            )
+        return None
+    wanted = _requested(resources)
+    for node in nodes:
+        have = node.get("Resources", {})
+        if all(have.get(k, 0) >= v for k, v in wanted.items()):
+            return None
+    largest = max((n.get("Resources", {}) for n in nodes), key=lambda r: r.get("CPU", 0), default={})
+    totals: dict[str, float] = {}
+    for node in nodes:
+        for k, v in node.get("Resources", {}).items():
+            totals[k] = totals.get(k, 0) + v
+    return (
+        f"asks for {_describe(wanted)} on one node; no node has that "
+        f"(largest node: {_describe(largest)}; cluster total: {_describe(totals)})"
+    )

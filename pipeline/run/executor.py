@@ -1,0 +1,429 @@
+"""Execute a plan: dispatch ready steps to a backend as their dependencies finish.
+
+The loop is event-driven: each step attempt runs in a worker thread that takes the step's
+lease, writes `.step.json`, runs the function through the backend, checks it produced output
+and commits SUCCESS; it then reports one event to the loop's queue. The loop alone updates
+the `RunState` and dispatches newly ready steps, so a step's dependents start as soon as its
+event arrives. Only steps held by another runner are polled, at `wait_poll_interval`.
+
+A failure blocks its dependents and lets independent branches finish. A lost lease stops the
+step without committing it, and the step is then awaited like any step held elsewhere.
+Ctrl-C cancels running steps, records CANCELLED, releases their leases and returns.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.core.dag import fn_import_path, resolved_config
+from pipeline.core.lease import Owner, is_stale
+from pipeline.core.plan import Plan, State
+from pipeline.core.records import Event
+from pipeline.core.report import RunReport, StepOutcome
+from pipeline.core.run_state import RunState
+from pipeline.errors import StepCancelled, StepFailed, StepPreempted
+from pipeline.run.backends.base import Backend, StepTask
+from pipeline.run.fence import LeaseExpired
+from pipeline.run.heartbeat import Heartbeat
+from pipeline.run.hooks import call_hook, step_summary
+from pipeline.run.provenance import step_info
+from pipeline.step import hooks_of
+from pipeline.storage.step_store import AlreadyDone, Held, StepStore
+
+__all__ = ["ExecutionOptions", "RunReport", "StepOutcome", "execute"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ExecutionOptions:
+    """How to execute a plan."""
+
+    max_concurrent: int = 8
+    lease_timeout: float = 90.0
+    heartbeat_interval: float = 30.0
+    wait_poll_interval: float = 2.0
+    """How often steps held by another runner are checked."""
+    cancel_grace: float = 10.0
+    """After Ctrl-C, how long to wait for running steps to record CANCELLED."""
+    run_info: Mapping[str, Any] = field(default_factory=dict)
+    """Extra fields for every `.step.json` (experiment, git, versions)."""
+
+
+class Ending(enum.Enum):
+    """How one attempt ended, as it reports to the loop."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    PREEMPTED = "preempted"
+    CANCELLED = "cancelled"
+    HELD = "held"
+    """Another live runner holds the lease."""
+    DONE_ELSEWHERE = "done elsewhere"
+    """Another runner committed the step first."""
+    LOST = "lost"
+    """The lease was lost while running: the result is discarded."""
+
+
+# Events reported by attempts to the loop.
+@dataclass(frozen=True)
+class _Event:
+    label: str
+    kind: Ending
+    detail: str = ""
+    traceback: str | None = None
+    started: float | None = None
+    ended: float | None = None
+
+
+class Reporter:
+    """Prints one line per state change. The CLI passes a rich console; tests a list.
+
+    With `total` (the steps this run will run or wait for), a step's final line carries the
+    run's count so far, `SUCCEEDED  [3/12] train/x-...  41.20s`: progress without extra lines.
+    """
+
+    FINAL = frozenset({"SUCCEEDED", "FAILED", "BLOCKED", "CANCELLED"})
+
+    def __init__(self, emit: Callable[[str], None] | None = None, total: int | None = None) -> None:
+        self._emit = emit or (lambda line: logger.info("%s", line))
+        self._total = total
+        self._finished: set[str] = set()
+        self._lock = threading.Lock()  # attempts report RUNNING from worker threads
+
+    def __call__(self, label: str, what: str, detail: str = "") -> None:
+        count = ""
+        # A failure that will be retried is not final; its line says "retrying".
+        if self._total and what in self.FINAL and not detail.endswith("retrying"):
+            with self._lock:
+                self._finished.add(label)
+                count = f"[{len(self._finished)}/{self._total}] "
+        self._emit(f"{what:<10} {count}{label}" + (f"  {detail}" if detail else ""))
+
+
+def execute(
+    plan: Plan,
+    store: StepStore,
+    backend: Backend,
+    owner: Owner,
+    options: ExecutionOptions,
+    report: Reporter | None = None,
+    clock: Callable[[], float] = time.time,
+) -> RunReport:
+    """Run every RUN step of `plan` (and wait for WAIT steps) until the plan is finished."""
+    return _Execution(plan, store, backend, owner, options, report or Reporter(), clock).run()
+
+
+class _Execution:
+    def __init__(
+        self,
+        plan: Plan,
+        store: StepStore,
+        backend: Backend,
+        owner: Owner,
+        options: ExecutionOptions,
+        report: Reporter,
+        clock: Callable[[], float],
+    ) -> None:
+        self.plan = plan
+        self.dag = plan.dag
+        self.store = store
+        self.backend = backend
+        self.owner = owner
+        self.options = options
+        self.report = report
+        self.clock = clock
+        self.state = RunState(plan)
+        self.events: queue.Queue[_Event] = queue.Queue()
+        self.outcomes: dict[str, StepOutcome] = {
+            label: StepOutcome(state=sp.state) for label, sp in plan.steps.items()
+        }
+        self.lost: set[str] = set()
+        self.failures: dict[str, int] = {}
+        self.preemptions: dict[str, int] = {}
+        # With --force, RUNNING may follow the SUCCESS seen at plan time, but not a newer one.
+        self.rerun_after = {
+            label: len(sp.record.events) if sp.record is not None else 0
+            for label, sp in plan.steps.items()
+            if sp.state == State.RUN and sp.forced
+        }
+        self.heartbeat = Heartbeat(
+            store, owner, options.lease_timeout, options.heartbeat_interval, self._on_lost, clock
+        )
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def run(self) -> RunReport:
+        for label in sorted(self.state.waiting):
+            self.report(label, "WAIT", self.plan.steps[label].reason)
+        limit = max(1, self.options.max_concurrent)
+        pool = ThreadPoolExecutor(limit, thread_name_prefix="drydock-attempt")
+        self.heartbeat.start()
+        interrupted = False
+        try:
+            while not self.state.finished:
+                for label in self.state.take_ready(limit - len(self.state.in_flight)):
+                    self.outcomes[label].attempts += 1
+                    pool.submit(self._attempt, label, self.outcomes[label].attempts)
+                timeout = self.options.wait_poll_interval if self.state.waiting else None
+                try:
+                    event = self.events.get(timeout=timeout)
+                except queue.Empty:
+                    self._check_waiting()
+                    continue
+                self._handle(event)
+        except KeyboardInterrupt:
+            interrupted = True
+            self._cancel_everything()
+        finally:
+            self.heartbeat.stop()
+            pool.shutdown(wait=not interrupted)
+        for label in self.state.cancelled:
+            self.outcomes[label].state = State.CANCELLED
+        for label, blocker in self.state.blocked.items():
+            self.outcomes[label].state = State.BLOCKED
+            self.outcomes[label].blocked_by = blocker
+        return RunReport(self.plan, self.outcomes, interrupted)
+
+    def _handle(self, event: _Event) -> None:
+        label, outcome = event.label, self.outcomes[event.label]
+        if event.started is not None:
+            outcome.started = event.started
+        if event.ended is not None:
+            outcome.ended = event.ended
+        if event.kind is Ending.SUCCEEDED:
+            outcome.state = State.SUCCEEDED
+            self.report(label, "SUCCEEDED", _seconds(outcome.duration))
+            self.state.mark_succeeded(label)
+        elif event.kind is Ending.DONE_ELSEWHERE:
+            outcome.state = State.SUCCEEDED
+            self.report(label, "SUCCEEDED", "by another runner")
+            self.state.mark_succeeded(label)
+        elif event.kind is Ending.FAILED:
+            outcome.error, outcome.traceback = event.detail, event.traceback
+            self.failures[label] = self.failures.get(label, 0) + 1
+            if self.failures[label] <= self.dag.nodes[label].step.resources.failure_retries:
+                self.report(label, "FAILED", f"{event.detail}; retrying")
+                self.state.mark_retry(label)
+                return
+            self._fail(label, event.detail)
+        elif event.kind is Ending.PREEMPTED:
+            self.preemptions[label] = self.preemptions.get(label, 0) + 1
+            budget = self.dag.nodes[label].step.resources.preemption_retries
+            if self.preemptions[label] <= budget:
+                self.report(
+                    label, "PREEMPTED", f"{event.detail}; retrying ({self.preemptions[label]}/{budget})"
+                )
+                self.state.mark_retry(label)
+                return
+            outcome.error = f"preempted {self.preemptions[label]} times (budget {budget}): {event.detail}"
+            self._fail(label, outcome.error)
+        elif event.kind in (Ending.HELD, Ending.LOST):
+            outcome.state = State.WAIT
+            self.report(label, "WAIT", event.detail)
+            self.state.mark_waiting(label)
+        elif event.kind is Ending.CANCELLED:
+            outcome.state = State.CANCELLED
+            self.report(label, "CANCELLED", event.detail)
+            self.state.mark_cancelled(label)
+
+    def _fail(self, label: str, detail: str) -> None:
+        self.outcomes[label].state = State.FAILED
+        self.report(label, "FAILED", detail)
+        for blocked in self.state.mark_failed(label):
+            self.report(blocked, "BLOCKED", f"by {self.dag.nodes[label].name}")
+
+    def _check_waiting(self) -> None:
+        """Poll the steps another runner holds: finished, or free to take over?"""
+        for label in sorted(self.state.waiting):
+            step_dir = self.dag.nodes[label].output_path
+            try:
+                record = self.store.record(step_dir, with_metadata=False)
+            except Exception as e:
+                logger.warning("cannot read the status of %s: %s", label, e)
+                continue
+            if record.succeeded:
+                self._handle(_Event(label, Ending.DONE_ELSEWHERE))
+            elif is_stale(record.lease, self.clock(), self.owner.host):
+                self.report(label, "TAKEOVER", "its runner stopped; running it here")
+                self.lost.discard(label)
+                self.state.mark_retry(label)
+
+    def _cancel_everything(self) -> None:
+        self.state.cancel_all()
+        running = sorted(self.state.in_flight)
+        for label in running:
+            self.backend.cancel(label)
+        deadline = time.monotonic() + self.options.cancel_grace
+        try:
+            while self.state.in_flight and time.monotonic() < deadline:
+                try:
+                    event = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                self._handle(event)
+        except KeyboardInterrupt:
+            pass  # a second Ctrl-C: stop waiting, just release what we hold
+        for step_dir, (label, token) in self.heartbeat.held().items():
+            try:
+                self.store.append(step_dir, self.owner, token, Event.CANCELLED, "interrupted")
+                self.store.release(step_dir, self.owner, token)
+            except Exception as e:
+                logger.warning("could not release the lease of %s: %s", label, e)
+        for label in list(self.state.in_flight):
+            self.state.mark_cancelled(label)
+
+    def _on_lost(self, label: str) -> None:
+        self.lost.add(label)
+        self.backend.cancel(label)
+
+    # -- one attempt, in a worker thread ---------------------------------------------------------
+
+    def _attempt(self, label: str, attempt: int) -> None:
+        # Exactly one event per attempt, whatever happens: the loop waits for it.
+        event = _Event(label, Ending.FAILED, "internal error")
+        try:
+            event = self._try(label, attempt)
+        except BaseException as e:
+            event = _Event(
+                label, Ending.FAILED, f"internal error: {type(e).__name__}: {e}", _format_traceback(e)
+            )
+        finally:
+            self.events.put(event)
+
+    def _try(self, label: str, attempt: int) -> _Event:
+        step_dir = self.dag.nodes[label].output_path
+        asked = self.clock()  # the lease taken below expires no earlier than asked + lease_timeout
+        taken = self.store.acquire(
+            step_dir,
+            self.owner,
+            self.options.lease_timeout,
+            rerun_after=self.rerun_after.get(label),
+            attempt=attempt,
+        )
+        if isinstance(taken, AlreadyDone):
+            return _Event(label, Ending.DONE_ELSEWHERE)
+        if isinstance(taken, Held):
+            return _Event(label, Ending.HELD, f"held by {taken.lease.describe()}")
+        token = taken.token
+        self.heartbeat.add(step_dir, label, token, since=asked)
+        started = self.clock()
+        try:
+            return self._run_and_commit(label, attempt, token, started)
+        # SystemExit: a step calling sys.exit() has failed; it must not stop the executor.
+        except (Exception, SystemExit, StepCancelled) as e:
+            # A step whose writes the fence refused ran past its lease (pipeline/run/fence.py): lost,
+            # like a lease the heartbeat found taken, which it may not have noticed yet.
+            if label in self.lost or isinstance(e, LeaseExpired):
+                why = "lease expired; writes refused" if label not in self.lost else "lease lost"
+                return _Event(label, Ending.LOST, f"{why}; step stopped, result discarded", started=started)
+            kind, status, message, tb = _classify(e)
+            self.store.append(
+                step_dir, self.owner, token, status, message, data={"traceback": tb} if tb else None
+            )
+            return _Event(label, kind, message, tb, started=started, ended=self.clock())
+        finally:
+            self.heartbeat.remove(step_dir)
+            # Whatever happened, the lease goes (a no-op if released above or no longer ours).
+            self.store.release(step_dir, self.owner, token)
+
+    def _write_step_json(self, label: str, attempt: int, token: int, started: float) -> Any:
+        """Record `.step.json` for this attempt; returns the resolved config the function gets."""
+        node = self.dag.nodes[label]
+        config = resolved_config(self.dag, label)
+        info = step_info(self.dag, label, config)
+        info.update(self.options.run_info)
+        summary = step_summary(node.step.fn, config)
+        if summary:
+            info["summary"] = summary
+        info.update(run_id=self.owner.run_id, attempt=attempt, token=token, started=started)
+        self.store.write_step_json(node.output_path, info)
+        return config
+
+    def _run_and_commit(self, label: str, attempt: int, token: int, started: float) -> _Event:
+        """Run the step function through the backend, check it wrote output, commit SUCCESS."""
+        node = self.dag.nodes[label]
+        step_dir = node.output_path
+        config = self._write_step_json(label, attempt, token, started)
+        self.report(label, "RUNNING", f"attempt {attempt}" if attempt > 1 else "")
+        self.backend.run(
+            StepTask(
+                label,
+                node.name,
+                node.step.fn,
+                config,
+                node.step.resources,
+                step_dir,
+                attempt=attempt,
+                token=token,
+                run_id=self.owner.run_id,
+                lease_remaining=lambda: self.heartbeat.valid_until(step_dir) - self.clock(),
+                lease_poll=_lease_poll(self.options),
+            )
+        )
+        if label in self.lost:
+            raise StepCancelled(label)
+        if not self.store.has_payload(step_dir):
+            raise RuntimeError(
+                f"step function {fn_import_path(node.step.fn)} returned without writing anything "
+                f"under its output directory {step_dir}"
+            )
+        ended = self.clock()
+        data: dict[str, Any] = {"duration": ended - started}
+        report = _recordable(call_hook(hooks_of(node.step.fn).report, config, "no report"))
+        if report is not None:
+            data["report"] = report  # shown by the dashboard, which does not import step code
+        if not self.store.commit(step_dir, self.owner, token, data=data):
+            return _Event(label, Ending.LOST, "lease lost before commit; result discarded", started=started)
+        return _Event(label, Ending.SUCCEEDED, started=started, ended=ended)
+
+
+def _lease_poll(options: ExecutionOptions) -> float:
+    """How often a step in another process re-reads its lease to fence its writes: often enough
+    that it sees each renewal before the expiry it last read, i.e. poll + heartbeat < timeout."""
+    margin = options.lease_timeout - options.heartbeat_interval
+    return max(0.05, min(options.lease_timeout / 4, margin / 2))
+
+
+def _recordable(value: Any) -> Any:
+    """`value` if it can be written into `.status` as JSON, else None."""
+    if value is None:
+        return None
+    try:
+        json.dumps(value, sort_keys=True)
+    except (TypeError, ValueError):
+        return None
+    return value
+
+
+def _format_traceback(error: BaseException) -> str:
+    """The traceback of `error`, or its repr if formatting fails too (e.g. a broken `linecache`)."""
+    try:
+        return "".join(traceback.format_exception(error))
+    except BaseException:
+        return repr(error)
+
+
+def _classify(error: BaseException) -> tuple[Ending, str, str, str | None]:
+    """(event kind, status event, message, traceback) for an attempt that ended in `error`."""
+    if isinstance(error, StepCancelled):
+        return Ending.CANCELLED, Event.CANCELLED, "interrupted", None
+    if isinstance(error, StepPreempted):
+        return Ending.PREEMPTED, Event.PREEMPTED, str(error), None
+    if isinstance(error, StepFailed):
+        return Ending.FAILED, Event.FAILED, str(error), error.remote_traceback
+    return Ending.FAILED, Event.FAILED, f"{type(error).__name__}: {error}", _format_traceback(error)
+
+
+def _seconds(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}s"

@@ -1,0 +1,147 @@
+"""The options of a run: `ExecutorMainConfig`, parsed from the command line with draccus.
+
+`executor_main` and `drydock run|plan|status|...` share them. Each backend's own options are a
+nested config (`--ray.address HOST:PORT`); `--ray_address` keeps working.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from pipeline.errors import StepDeclarationError
+from pipeline.run.backends import REGISTRY
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "ExecutorMainConfig",
+    "LocalOptions",
+    "RayOptions",
+    "parse_options",
+    "resolve_prefix",
+    "validate_options",
+]
+
+DEFAULT_PREFIX = "./drydock-runs"
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """Options of the `ray` backend (`--ray.address`, `--ray.num_cpus`)."""
+
+    address: str | None = None
+    """Ray cluster to join (default: $RAY_ADDRESS, else start a local instance for the run)."""
+    num_cpus: int | None = None
+    """CPUs of a private local instance (default: all of this machine's)."""
+
+
+@dataclass(frozen=True)
+class LocalOptions:
+    """Options of the `local` backend (none yet)."""
+
+
+@dataclass(frozen=True)
+class ExecutorMainConfig:
+    """Options of `executor_main` and of `drydock run|plan|status`."""
+
+    prefix: str | None = None
+    """Storage prefix for step outputs (local path, memory://, gs://, s3://...).
+    Default: $DRYDOCK_PREFIX, else ./drydock-runs."""
+    backend: str = "ray"
+    """Where step functions run: ray (a local Ray instance, or the cluster at --ray.address)
+    or local (threads of this process)."""
+    ray: RayOptions = field(default_factory=RayOptions)
+    """Options of the ray backend."""
+    local: LocalOptions = field(default_factory=LocalOptions)
+    """Options of the local backend."""
+    ray_address: str | None = None
+    """Same as --ray.address (the older spelling)."""
+    dry_run: bool = False
+    """Print the plan and exit without running anything."""
+    json: bool = False
+    """Print the plan (or the run's outcome) as JSON on stdout; logs go to stderr."""
+    only: str | None = None
+    """Regex on step names: run only matching steps and what they need."""
+    force: str | None = None
+    """Regex on step names: rerun matching steps even if they are cached."""
+    max_concurrent: int | None = None
+    """Most steps running at once (default: the backend's choice)."""
+    lease_timeout: float = 90.0
+    """Seconds without a heartbeat after which another runner may take a step over."""
+    heartbeat_interval: float = 30.0
+    """Seconds between lease renewals."""
+    wait_poll_interval: float = 2.0
+    """Seconds between checks of steps that another runner is running."""
+    experiment: str | None = None
+    """Experiment name for the manifest (default: the experiment file's name)."""
+    log_level: str = "INFO"
+    """Logging level of Drydock's own messages on stderr: DEBUG, INFO, WARNING, ERROR or CRITICAL."""
+
+    def __post_init__(self) -> None:
+        # One place holds the address: `--ray_address` (and `ray_address=`) fill `ray.address`.
+        if self.ray_address and not self.ray.address:
+            object.__setattr__(self, "ray", replace(self.ray, address=self.ray_address))
+
+
+def resolve_prefix(prefix: str | None) -> str:
+    """The prefix to use: the given one, else $DRYDOCK_PREFIX, else ./drydock-runs (normalized)."""
+    from pipeline.storage.files import normalize_prefix
+
+    return normalize_prefix(prefix or os.environ.get("DRYDOCK_PREFIX") or DEFAULT_PREFIX)
+
+
+def validate_options(config: ExecutorMainConfig) -> None:
+    """Raise a `StepDeclarationError` naming the option, for any option that cannot work."""
+    if config.backend not in REGISTRY:
+        raise StepDeclarationError(
+            None,
+            f"unknown backend {config.backend!r}; choose one of {', '.join(REGISTRY)}",
+            field="--backend",
+        )
+    if config.max_concurrent is not None and config.max_concurrent < 1:
+        raise StepDeclarationError(None, "must be at least 1", field="--max_concurrent")
+    if config.lease_timeout <= 0 or config.heartbeat_interval <= 0:
+        raise StepDeclarationError(None, "must be positive", field="--lease_timeout/--heartbeat_interval")
+    if config.wait_poll_interval <= 0:
+        raise StepDeclarationError(None, "must be positive", field="--wait_poll_interval")
+    if logging.getLevelName(config.log_level.upper()) not in (10, 20, 30, 40, 50):
+        raise StepDeclarationError(
+            None,
+            f"unknown log level {config.log_level!r}; use DEBUG, INFO, WARNING, ERROR or CRITICAL",
+            field="--log_level",
+        )
+    if config.heartbeat_interval >= config.lease_timeout:
+        raise StepDeclarationError(
+            None,
+            f"heartbeat interval {config.heartbeat_interval}s must be shorter than the lease timeout "
+            f"{config.lease_timeout}s, or leases expire between heartbeats",
+            field="--heartbeat_interval",
+        )
+
+
+_BOOL_FLAGS = ("--dry_run", "--json")
+
+
+def normalize_argv(argv: Sequence[str]) -> list[str]:
+    """Let boolean flags stand alone (`--dry_run`), as draccus wants `--dry_run true`."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        out.append(arg)
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        if arg in _BOOL_FLAGS and (nxt is None or nxt.startswith("--")):
+            out.append("true")
+    return out
+
+
+def parse_options(argv: Sequence[str]) -> ExecutorMainConfig:
+    """Parse executor options; an unknown or malformed flag is a `StepDeclarationError`."""
+    import draccus
+
+    try:
+        return draccus.parse(ExecutorMainConfig, args=normalize_argv(argv), exit_on_error=False)
+    except Exception as e:  # draccus raises its own exception types for parse errors
+        # draccus spreads some messages over several lines; the CLI promises one.
+        detail = " ".join(str(e).split())
+        raise StepDeclarationError(None, f"bad command-line option: {detail}", field="argv") from e

@@ -1,0 +1,186 @@
+"""What Drydock records about a step and a run, besides identity.
+
+`.step.json` holds the identity inputs plus what identity leaves out on purpose: the full
+resolved config, a fingerprint of the step function's source, the dependencies, the git commit
+and package versions. Planning compares these with the current declaration to write drift notes
+("unversioned field `log_every` 10→50", "code of `train` changed since"). No storage I/O here.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import inspect
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pipeline.core.configs import to_plain
+from pipeline.core.dag import Dag, fn_import_path, resolved_config
+from pipeline.core.identity import relativize
+
+__all__ = [
+    "code_fingerprint",
+    "config_drift",
+    "environment_info",
+    "step_info",
+]
+
+# Distributions whose versions go into manifests; read from metadata, never imported.
+_TRACKED_DISTRIBUTIONS = (
+    "drydock",
+    "marin-levanter",
+    "jax",
+    "jaxlib",
+    "ray",
+    "fsspec",
+    "draccus",
+    "tokenizers",
+    "numpy",
+)
+
+
+@functools.lru_cache(maxsize=4096)
+def _fingerprint_cached(fn: Callable[..., Any]) -> str:
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        source = fn_import_path(fn)
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def code_fingerprint(fn: Callable[..., Any]) -> str:
+    """A short hash of the step function's source (its import path if the source is unavailable)."""
+    try:
+        return _fingerprint_cached(fn)
+    except TypeError:  # unhashable callable
+        return hashlib.sha256(fn_import_path(fn).encode()).hexdigest()[:16]
+
+
+def step_info(dag: Dag, label: str, config: Any | None = None) -> dict[str, Any]:
+    """The `.step.json` content of a step (without run-specific fields)."""
+    node = dag.nodes[label]
+    if config is None:
+        config = resolved_config(dag, label)
+    fn = node.step.fn
+    return {
+        "name": node.name,
+        "label": label,
+        "hash": node.identity.hash,
+        "identity": dict(node.identity.payload),
+        "description": node.step.description,
+        "prefix": dag.prefix,
+        "output_path": node.output_path,
+        "fn": {
+            "import_path": fn_import_path(fn),
+            "file": _source_file(fn),
+            "fingerprint": code_fingerprint(fn),
+        },
+        "config": to_plain(node.name, "", config, strict=False),
+        "config_class": f"{type(node.step.config).__module__}:{type(node.step.config).__qualname__}",
+        "deps": [dag.nodes[d].output_path for d in node.deps],
+        "soft_deps": [dag.nodes[d].output_path for d in node.soft_deps],
+        "resources": node.step.resources.to_json(),
+    }
+
+
+@functools.lru_cache(maxsize=4096)
+def _source_file_cached(fn: Callable[..., Any]) -> str | None:
+    return inspect.getsourcefile(fn)
+
+
+def _source_file(fn: Callable[..., Any]) -> str | None:
+    try:
+        return _source_file_cached(fn)
+    except TypeError:
+        return None
+
+
+def config_drift(
+    stored: Mapping[str, Any] | None, current: Mapping[str, Any], *, limit: int = 5
+) -> list[str]:
+    """Human notes on how a cached step's recorded config and code differ from the current ones."""
+    if stored is None:
+        return ["metadata missing (.step.json); identity matches"]
+    # A hand-edited file may be any JSON: never trust its shape (identity is in the path anyway).
+    if not isinstance(stored, Mapping) or stored.get("__corrupt__"):
+        return [".step.json is unreadable; identity matches"]
+    notes = []
+    old_fn, new_fn = stored.get("fn"), current["fn"]
+    old_fn = old_fn if isinstance(old_fn, Mapping) else {}
+    if old_fn.get("fingerprint") and old_fn.get("fingerprint") != new_fn["fingerprint"]:
+        notes.append(f"code of `{new_fn['import_path'].rsplit(':', 1)[-1]}` changed since")
+    old_prefix = stored.get("prefix")
+    old_cfg = relativize(stored.get("config", {}), old_prefix if isinstance(old_prefix, str) else "")
+    new_cfg = relativize(current["config"], current["prefix"])
+    changes = _diff(old_cfg, new_cfg, "")
+    for path, old, new in changes[:limit]:
+        notes.append(f"unversioned field `{path}` {_short(old)}→{_short(new)}")
+    if len(changes) > limit:
+        notes.append(f"... and {len(changes) - limit} more unversioned changes")
+    return notes
+
+
+_MISSING = object()
+
+
+def _diff(old: Any, new: Any, path: str) -> list[tuple[str, Any, Any]]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for key in sorted(set(old) | set(new), key=str):
+            if key == "__class__" and old.get(key) == new.get(key):
+                continue
+            sub = f"{path}.{key}" if path else str(key)
+            out.extend(_diff(old.get(key, _MISSING), new.get(key, _MISSING), sub))
+        return out
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        out = []
+        for i, (a, b) in enumerate(zip(old, new, strict=True)):
+            out.extend(_diff(a, b, f"{path}.{i}" if path else str(i)))
+        return out
+    return [] if old == new else [(path or "<config>", old, new)]
+
+
+def _short(value: Any, width: int = 40) -> str:
+    text = "(absent)" if value is _MISSING else repr(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+@functools.lru_cache(maxsize=8)
+def _git_info(directory: str) -> dict[str, Any] | None:
+    try:
+        commit = subprocess.run(
+            ["git", "-C", directory, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+        )
+        if commit.returncode != 0:
+            return None
+        dirty = subprocess.run(
+            ["git", "-C", directory, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+        return {"commit": commit.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment_info(source_file: str | None = None) -> dict[str, Any]:
+    """Git commit of the experiment's repository and versions of the packages that matter."""
+    directory = os.path.dirname(os.path.abspath(source_file)) if source_file else os.getcwd()
+    versions = {"python": platform.python_version()}
+    for dist in _TRACKED_DISTRIBUTIONS:
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return {
+        "git": _git_info(directory),
+        "versions": versions,
+        "argv": list(sys.argv),
+        "host": platform.node(),
+    }

@@ -1,0 +1,139 @@
+"""What a running step function reports about itself: notes and progress.
+
+The executor binds a `StepContext` (output directory, run id, fencing token) around every call
+of a step function, on whichever backend runs it. `warn(...)` appends a WARNING line under that
+token, so a note from an attempt that has lost its lease is dropped like any stale write. Notes
+never change a step's state. `progress(done, total, unit)` says how far the step is: it replaces
+`<output>/.progress` (at most every few seconds, and always once `done` reaches `total`), which
+`drydock status` shows from any machine that reads the prefix, and logs one line per 10% so that
+a console shows the step advancing without a wall of lines. Outside a step, both only log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["PROGRESS_INTERVAL", "StepContext", "bind", "current", "progress", "warn"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """Which attempt of which step is running."""
+
+    output_path: str
+    run_id: str
+    token: int
+    backend: str = "local"
+    """The backend running the step: parallel work inside it is asked of that backend
+    (`pipeline.run.parallel`)."""
+
+
+_CURRENT: contextvars.ContextVar[StepContext | None] = contextvars.ContextVar("drydock_step", default=None)
+
+
+@contextlib.contextmanager
+def bind(context: StepContext) -> Iterator[None]:
+    """Make `context` current in this thread (or task) while a step function runs."""
+    reset = _CURRENT.set(context)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(reset)
+
+
+def current() -> StepContext | None:
+    """The running step's context; capture it in the step's thread to use it from others."""
+    return _CURRENT.get()
+
+
+def warn(message: str, data: Mapping[str, Any] | None = None, context: StepContext | None = None) -> bool:
+    """Record a WARNING note in the running step's `.status`; returns whether it was recorded."""
+    from pipeline.core.records import Event
+    from pipeline.storage.files import open_storage
+    from pipeline.storage.step_store import StepStore
+
+    logger.warning("%s", message)
+    context = context or current()
+    if context is None:
+        return False
+    try:
+        store = StepStore(open_storage(context.output_path))
+        return store.note(context.output_path, context.run_id, context.token, Event.WARNING, message, data)
+    except Exception as e:  # a note must never break the step that reports it
+        logger.warning("could not record the warning in %s/.status: %s", context.output_path, e)
+        return False
+
+
+PROGRESS_INTERVAL = 2.0
+"""Seconds between two writes of one step's `.progress` (a report with `done >= total` is always written)."""
+
+# Per output directory: (time of the last write, last 10% mark logged). Reports arrive from the
+# step's threads and from callback threads (Levanter's trackers), hence the lock.
+_progress_state: dict[str, tuple[float, int]] = {}
+_progress_lock = threading.Lock()
+
+
+def progress(
+    done: float,
+    total: float | None = None,
+    unit: str = "",
+    data: Mapping[str, Any] | None = None,
+    context: StepContext | None = None,
+    clock: Callable[[], float] = time.time,
+) -> bool:
+    """Report that the running step has done `done` of `total` `unit`s (total None: unknown).
+
+    `data` adds a few scalars worth showing (e.g. `{"loss": 2.31}`). Returns whether
+    `.progress` was written now; reports closer than `PROGRESS_INTERVAL` apart are folded into
+    the next one, except the final one (`done >= total`). Never raises.
+    """
+    context = context or current()
+    key = context.output_path if context is not None else ""
+    now = clock()
+    percent = int(100 * done / total) if total else None
+    with _progress_lock:
+        last_write, last_mark = _progress_state.get(key, (float("-inf"), -1))
+        mark = percent // 10 * 10 if percent is not None else last_mark
+        finished = total is not None and done >= total
+        write = finished or now - last_write >= PROGRESS_INTERVAL
+        _progress_state[key] = (now if write else last_write, max(mark, last_mark))
+    if percent is not None and mark > last_mark:
+        where = context.output_path.rstrip("/").rsplit("/", 1)[-1] if context is not None else "step"
+        logger.info("%s: %d%% (%s of %s %s)", where, percent, _count(done), _count(total), unit)
+    if context is None or not write:
+        return False
+    record = {
+        "done": done,
+        "total": total,
+        "unit": unit,
+        "time": now,
+        "run_id": context.run_id,
+        "token": context.token,
+        **({"data": dict(data)} if data else {}),
+    }
+    try:
+        from pipeline.storage.files import open_storage
+        from pipeline.storage.layout import PROGRESS
+
+        payload = json.dumps(record, default=str).encode()
+        open_storage(context.output_path).write(f"{context.output_path.rstrip('/')}/{PROGRESS}", payload)
+        return True
+    except Exception as e:  # progress must never break the step that reports it
+        logger.warning("could not record progress in %s/.progress: %s", context.output_path, e)
+        return False
+
+
+def _count(value: float | None) -> str:
+    if value is None:
+        return "?"
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.2f}"

@@ -1,0 +1,164 @@
+"""The step side of every backend: how a step function is called wherever it runs.
+
+`call_step` is the one wrapper both backends use around `fn(config)`:
+
+  * binds the attempt's `StepContext` (`pipeline.run.step_events`: notes, progress, fan-out);
+  * fences the step's file writes at its lease's expiry (`pipeline.run.fence`): the calling
+    thread only when the step runs in the executor's process (`Placement.THREAD`), every thread
+    of the process when it runs in a worker of its own (`Placement.PROCESS`, a Ray worker);
+  * in a worker process, turns `sys.exit()` into a failure (left alone it would end the worker,
+    which looks like a lost machine) and copies the step's output into
+    `<output>/.logs/attempt-<token>.log` however the attempt ends;
+  * raises `LeaseExpired` when a write was refused, even if the function caught the refusal:
+    its output is then incomplete.
+
+Backends translate what it raises into the executor's vocabulary (`StepFailed`,
+`StepPreempted`, `LeaseExpired`), each in the way its transport needs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import io
+import logging
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from pipeline.run import step_events
+from pipeline.run.fence import Fence, LeaseExpired, fenced_process, fenced_thread, watch_lease
+from pipeline.run.step_events import StepContext
+
+__all__ = ["Placement", "call_step", "lease_fence"]
+
+
+class Placement(enum.Enum):
+    """Where a step function runs, relative to the executor."""
+
+    THREAD = "thread"
+    """In a thread of the executor's process (the local backend)."""
+    PROCESS = "process"
+    """In a worker process that runs one step at a time (a Ray worker)."""
+
+
+def call_step(
+    fn: Callable[[Any], Any],
+    config: Any,
+    context: StepContext,
+    *,
+    placement: Placement,
+    fence: Fence | None = None,
+    log_path: str | None = None,
+) -> None:
+    """Call `fn(config)` as an attempt of the step in `context` (see the module docstring)."""
+    fenced = fenced_process if placement is Placement.PROCESS else fenced_thread
+    with (
+        _captured(log_path, fence) if log_path else contextlib.nullcontext(),
+        step_events.bind(context),
+        # Innermost: the log's local temporary file is made and removed outside the fence, and
+        # the log copy checks the fence itself.
+        fenced(fence) if fence is not None else contextlib.nullcontext(),
+    ):
+        try:
+            fn(config)
+        except SystemExit as e:
+            if placement is Placement.THREAD:
+                raise  # the executor records it as the step's failure
+            raise RuntimeError(f"the step function called sys.exit({e.code!r})") from e
+    if fence is not None and fence.tripped:
+        # The function returned although a write was refused (it caught the refusal, or a thread
+        # of its own hit it): its output is incomplete.
+        raise LeaseExpired(f"step {fence.label}: the lease may have expired; refused {fence.refused}")
+
+
+class _Tee(io.TextIOBase):
+    def __init__(self, *streams: Any) -> None:
+        self._streams = streams
+
+    def write(self, text: str) -> int:
+        for stream in self._streams:
+            stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for stream in self._streams:
+            stream.flush()
+
+    def fileno(self) -> int:
+        # Libraries that write at the file-descriptor level (faulthandler, C code) get the real stream.
+        return self._streams[0].fileno()
+
+    def isatty(self) -> bool:
+        return False
+
+
+@contextlib.contextmanager
+def _captured(log_path: str, fence: Fence | None = None) -> Iterator[None]:
+    """Copy stdout, stderr and log records into `log_path` (any fsspec URL) while streaming them.
+
+    The copy is saved however the body ends: the log of a failed attempt matters most; but not
+    once the attempt's lease may have expired, since the step directory may be another runner's.
+    """
+    from pipeline.storage.files import open_storage
+
+    with tempfile.NamedTemporaryFile("w+", suffix=".log") as local:
+        handler = logging.StreamHandler(local)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root = logging.getLogger()
+        root.addHandler(handler)
+        out, err = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = _Tee(out, local), _Tee(err, local)
+        try:
+            yield
+        except BaseException:
+            traceback.print_exc(file=local)
+            raise
+        finally:
+            sys.stdout, sys.stderr = out, err
+            root.removeHandler(handler)
+            local.flush()
+            local.seek(0)
+            try:
+                if fence is not None and fence.remaining() <= 0:
+                    raise LeaseExpired("the lease may have expired")
+                open_storage(log_path).write(log_path, local.read().encode())
+            except (Exception, LeaseExpired) as e:  # a log copy must never change how the step ends
+                print(f"drydock: could not save the step log to {log_path}: {e}", file=sys.stderr)
+
+
+def _lease_deadline(context: StepContext) -> Callable[[], float | None]:
+    """Reads when this attempt's lease expires; -inf once it is released or another attempt's;
+    None for an empty or partial record (local disk rewrites `.lease` in place under a lock that
+    readers do not take), which tells nothing."""
+    from pipeline.storage.files import open_storage
+    from pipeline.storage.step_store import StepStore
+
+    store = StepStore(open_storage(context.output_path))
+
+    def read() -> float | None:
+        lease = store.lease(context.output_path)
+        if lease is None:
+            return None
+        if lease.released or (lease.run_id, lease.token) != (context.run_id, context.token):
+            return float("-inf")
+        return lease.expires
+
+    return read
+
+
+@contextlib.contextmanager
+def lease_fence(
+    context: StepContext, poll: float | None, valid_until: float | None, label: str
+) -> Iterator[Fence | None]:
+    """For a step in a worker process: a fence kept at the lease's expiry by re-reading `.lease`
+    every `poll` seconds (None without `poll`); until it is read, the deadline is `valid_until`,
+    what the driver knew when it submitted the task."""
+    if poll is None:
+        yield None
+        return
+    initial = float("-inf") if valid_until is None else valid_until
+    with watch_lease(_lease_deadline(context), poll, label, initial=initial) as fence:
+        yield fence

@@ -1,0 +1,345 @@
+"""Byte-level storage under a prefix: read, write, list, delete, atomic read-modify-write.
+
+Together with `pipeline.storage.step_store` (the commit protocol built on it) and
+`pipeline.storage.manifests`, this is the only code that opens files under a prefix.
+
+Atomic read-modify-write (`Storage.update`) is the single primitive the commit protocol needs.
+Local disk implements it with `flock` on the file; `memory://` with a process lock (the memory
+filesystem is process-local); S3 and GCS (`ConditionalStorage`) with their conditional writes:
+read the object and its version, compute, write only if the version is unchanged, else re-read
+and recompute. Transient storage errors are retried with backoff and jitter
+(`pipeline.storage.object_stores`); docs/storage.md describes the guarantees per store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import random
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import fsspec
+
+from pipeline.errors import StorageError
+from pipeline.storage.layout import TMP_PREFIX
+from pipeline.storage.object_stores import (
+    CONDITIONAL_PROTOCOLS,
+    CONTENTION,
+    DEFAULT_RETRY,
+    ConditionalObjects,
+    RetryPolicy,
+    backoff_delay,
+    describe_error,
+    is_missing_bucket,
+    open_object_store,
+    retrying,
+)
+
+__all__ = [
+    "ConditionalStorage",
+    "LocalStorage",
+    "RetryPolicy",
+    "Storage",
+    "is_local",
+    "normalize_prefix",
+    "open_storage",
+]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Storage:
+    """Files under a prefix through fsspec. Paths are full URLs or absolute local paths.
+
+    Every operation is retried under `retry` while it fails transiently (`is_transient`); what
+    still fails raises a `StorageError` naming the operation, the path and the cause. `sleep` and
+    `uniform` (the jitter's random draw) are passed in so that tests control time.
+    """
+
+    def __init__(
+        self,
+        fs: fsspec.AbstractFileSystem,
+        *,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        sleep: Callable[[float], None] = time.sleep,
+        uniform: Callable[[], float] = random.random,
+    ) -> None:
+        self.fs = fs
+        self.retry_policy = retry
+        self._sleep = sleep
+        self._uniform = uniform
+        self._lock = threading.Lock()
+
+    def _retrying(self, what: str, path: str, op: Callable[[], T]) -> T:
+        return retrying(what, path, op, self.retry_policy, sleep=self._sleep, uniform=self._uniform)
+
+    def _read_once(self, path: str) -> bytes | None:
+        try:
+            return self.fs.cat_file(path)
+        except FileNotFoundError as e:
+            if is_missing_bucket(e):
+                raise
+            return None
+
+    def _write_once(self, path: str, data: bytes) -> None:
+        self.fs.makedirs(self.fs._parent(path), exist_ok=True)
+        self.fs.pipe_file(path, data)
+
+    def read(self, path: str) -> bytes | None:
+        """The content of `path`, or None if it does not exist."""
+        return self._retrying("read", path, lambda: self._read_once(path))
+
+    def write(self, path: str, data: bytes) -> None:
+        """Replace `path` with `data` as a whole (readers see the old or the new content)."""
+        self._retrying("write", path, lambda: self._write_once(path, data))
+
+    def update(self, path: str, fn: Callable[[bytes | None], bytes | None]) -> bytes | None:
+        """Atomically replace `path` with `fn(old)`; `fn` returns None to leave it unchanged.
+
+        Returns what was written, or None. The base implementation serializes updates within
+        this process, which is exact for `memory://`: there, a write that failed transiently
+        (even half-way) is simply retried with the same bytes. `ConditionalStorage` serializes
+        runners on different machines with the store's conditional writes.
+        """
+        with self._lock:
+            new = fn(self.read(path))
+            if new is not None:
+                self._retrying("update", path, lambda: self._write_once(path, new))
+            return new
+
+    def listdir(self, path: str) -> list[str]:
+        """Base names of the entries directly inside `path` ([] if it does not exist)."""
+
+        def once() -> list[str]:
+            self.fs.invalidate_cache(path)  # another runner may have written since we last looked
+            try:
+                entries = self.fs.ls(path, detail=False)
+            except FileNotFoundError as e:
+                if is_missing_bucket(e):
+                    raise
+                return []
+            return [e.rstrip("/").rsplit("/", 1)[-1] for e in entries]
+
+        return self._retrying("list", path, once)
+
+    def read_tail(self, path: str, size: int) -> bytes | None:
+        """The last `size` bytes of `path` (all of it if shorter), or None if it does not exist."""
+
+        def once() -> bytes | None:
+            try:
+                with self.fs.open(path, "rb") as f:
+                    end = f.seek(0, 2)
+                    f.seek(max(0, end - size))
+                    return f.read()
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+
+        return self._retrying("read", path, once)
+
+    def delete(self, path: str, recursive: bool = False) -> None:
+        """Remove the file `path`, or with `recursive` the directory and all below it; absent is fine."""
+
+        def once() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm(path, recursive=recursive)
+
+        self._retrying("delete", path, once)
+
+    def disk_usage(self, path: str) -> int:
+        """Total bytes of the files under `path` (0 if it does not exist)."""
+
+        def once() -> int:
+            try:
+                return int(self.fs.du(path, total=True))
+            except FileNotFoundError:
+                return 0
+
+        return self._retrying("measure", path, once)
+
+    def check_writable(self, prefix: str) -> None:
+        """Raise a StorageError unless files can be created under `prefix`."""
+        probe = f"{prefix.rstrip('/')}/.drydock-write-check-{os.getpid()}"
+        try:
+            self.write(probe, b"ok")
+            self._retrying("delete", probe, lambda: self.fs.rm(probe))
+        except StorageError as e:
+            cause = e.__cause__ if e.__cause__ is not None else e
+            raise StorageError(f"prefix {prefix!r} is not writable: {describe_error(cause)}") from e
+
+
+class ConditionalStorage(Storage):
+    """An object store with conditional writes (S3, GCS): `update` is safe across machines.
+
+    `update` reads the object with its version, computes `fn(old)`, and writes the result only
+    if the version is still current. When another writer got there first the store refuses the
+    write; we wait a jittered moment (`contention`), re-read and recompute, at most
+    `contention.tries` times. A write whose reply was lost (it timed out, then its retry was
+    refused) is recognised by finding our own content in place, so it is never applied twice.
+    """
+
+    def __init__(
+        self,
+        fs: fsspec.AbstractFileSystem,
+        objects: ConditionalObjects,
+        *,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        contention: RetryPolicy = CONTENTION,
+        sleep: Callable[[float], None] = time.sleep,
+        uniform: Callable[[], float] = random.random,
+    ) -> None:
+        super().__init__(fs, retry=retry, sleep=sleep, uniform=uniform)
+        self.objects = objects
+        self.contention = contention
+
+    def _write_once(self, path: str, data: bytes) -> None:
+        # No makedirs: object stores have no directories, and s3fs would create a missing bucket.
+        self.fs.pipe_file(path, data)
+
+    def update(self, path: str, fn: Callable[[bytes | None], bytes | None]) -> bytes | None:
+        unsure: bytes | None = None  # what we wrote when a failed try may still have landed
+        for conflict in range(1, self.contention.tries + 1):
+            old, version = self._retrying("read", path, lambda: self.objects.get(path))
+            if unsure is not None and old == unsure:
+                # Our write landed and only its reply was lost. Telling it apart by content is
+                # sound because Drydock's `.lease` and `.status` content is unique to its writer
+                # (run id, token, time); a refusal on the first try is never taken for success.
+                return unsure
+            new = fn(old)
+            if new is None:
+                return None
+            tries: list[None] = []
+
+            def put(new: bytes = new, version: str | None = version, tries: list[None] = tries) -> bool:
+                tries.append(None)
+                return self.objects.put_if(path, new, version)
+
+            if self._retrying("write", path, put):
+                return new
+            unsure = new if len(tries) > 1 else None
+            self._sleep(backoff_delay(conflict, self.contention, self._uniform()))
+        raise StorageError(
+            f"cannot update {path}: {self.contention.tries} conditional writes in a row lost to "
+            "concurrent writers"
+        )
+
+
+class LocalStorage(Storage):
+    """Local disk: atomic rename for whole writes, `flock` for read-modify-write.
+
+    `update` appends in place when the new content extends the old, so `.status` stays a true
+    append-only file. Safe against processes dying at any point; it does not fsync, so a
+    machine losing power may lose the last events (they are then redone, never half-trusted).
+    """
+
+    def __init__(self) -> None:
+        super().__init__(fsspec.filesystem("file"))
+
+    @staticmethod
+    def _local(path: str) -> str:
+        return path[len("file://") :] if path.startswith("file://") else path
+
+    def read(self, path: str) -> bytes | None:
+        try:
+            with open(self._local(path), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+        except NotADirectoryError:
+            return None
+
+    def write(self, path: str, data: bytes) -> None:
+        path = self._local(path)
+        parent = os.path.dirname(path)
+        os.makedirs(parent, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=parent, prefix=TMP_PREFIX)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.chmod(tmp, 0o644)  # mkstemp creates 0600; outputs are meant to be shared
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    def update(self, path: str, fn: Callable[[bytes | None], bytes | None]) -> bytes | None:
+        path = self._local(path)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            chunks = []
+            while chunk := os.read(fd, 1 << 16):
+                chunks.append(chunk)
+            old = b"".join(chunks)
+            new = fn(old if old else None)
+            if new is None:
+                return None
+            if new.startswith(old):
+                os.write(fd, new[len(old) :])  # the offset is at the end after reading
+            else:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, new, 0)
+            return new
+        finally:
+            os.close(fd)  # closing releases the flock
+
+    def listdir(self, path: str) -> list[str]:
+        try:
+            return os.listdir(self._local(path))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def check_writable(self, prefix: str) -> None:
+        path = self._local(prefix)
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as e:
+            raise StorageError(f"prefix {prefix!r} cannot be created: {e.strerror or e}") from e
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise StorageError(f"prefix {prefix!r} is not writable (permission denied)")
+
+
+def is_local(prefix: str) -> bool:
+    """Whether `prefix` is a local path (or a `file://` URL)."""
+    return "://" not in prefix or prefix.startswith("file://")
+
+
+def normalize_prefix(prefix: str) -> str:
+    """An absolute local path (for local prefixes) or the URL without a trailing slash."""
+    if is_local(prefix):
+        local = prefix[len("file://") :] if prefix.startswith("file://") else prefix
+        return os.path.abspath(os.path.expanduser(local))
+    return prefix.rstrip("/")
+
+
+def open_storage(prefix: str) -> Storage:
+    """The storage implementation for `prefix` (local disk, memory://, s3://, gs://, or another
+    fsspec URL). S3 and GCS get conditional writes; other remote protocols get a warning."""
+    if is_local(prefix):
+        return LocalStorage()
+    protocol = prefix.split("://", 1)[0]
+    try:
+        if protocol in CONDITIONAL_PROTOCOLS:
+            opened = open_object_store(protocol)
+            assert opened is not None  # every protocol in CONDITIONAL_PROTOCOLS has one
+            return ConditionalStorage(*opened)
+        fs = fsspec.filesystem(protocol)
+    except (ImportError, ValueError) as e:
+        raise StorageError(f"prefix {prefix!r}: cannot open filesystem {protocol!r}: {e}") from e
+    if protocol != "memory":
+        logger.warning(
+            "prefix %s: %s has no conditional writes, so leases use process-local locking; do not "
+            "run two executors on different machines against it at once",
+            prefix,
+            protocol,
+        )
+    return Storage(fs)

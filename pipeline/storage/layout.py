@@ -1,0 +1,109 @@
+"""Every file and directory name Drydock uses under a storage prefix, in one place.
+
+    <prefix>/<name>-<hash>/                 a step directory; <name>-<hash> is the step's label
+        .step.json  .status  .lease         the commit protocol (pipeline.storage.step_store)
+        .progress                           the running attempt's last progress report
+        .pinned                             `drydock pin`: gc keeps this directory
+        .logs/attempt-<token>[...].log      a copy of each attempt's output
+        .tmp-*                              a write in progress (or the trace of one that died)
+        .status.corrupt-<token>             an unreadable `.status` set aside by `--force`
+        <anything else>                     the step's payload
+    <prefix>/experiments/<experiment>-<hash>.json   run manifests (pipeline.storage.manifests)
+
+Path helpers join with `/` (fsspec URLs and local paths alike). No I/O here.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pipeline.core.identity import HASH_CHARS, NAME_PART
+
+__all__ = [
+    "HIDDEN_FILES",
+    "LABEL",
+    "LEASE",
+    "LOGS_DIR",
+    "MANIFEST_DIR",
+    "PINNED",
+    "PROGRESS",
+    "STATUS",
+    "STEP_DIR_MARKERS",
+    "STEP_JSON",
+    "TMP_PREFIX",
+    "is_label",
+    "is_payload",
+    "join_path",
+    "log_name",
+    "manifest_name",
+    "split_label",
+    "step_dir",
+]
+
+STEP_JSON = ".step.json"
+STATUS = ".status"
+LEASE = ".lease"
+PROGRESS = ".progress"
+PINNED = ".pinned"
+LOGS_DIR = ".logs"
+TMP_PREFIX = ".tmp-"
+CORRUPT_PREFIX = f"{STATUS}.corrupt-"
+HIDDEN_FILES = frozenset({STEP_JSON, STATUS, LEASE, LOGS_DIR, PROGRESS, PINNED})
+"""Drydock's own entries in a step directory (plus `.status.corrupt-*` and `.tmp-*`)."""
+STEP_DIR_MARKERS = frozenset({STATUS, STEP_JSON, LEASE})
+"""A directory holding any of these is a step directory."""
+MANIFEST_DIR = "experiments"
+"""Run manifests live in `<prefix>/experiments/`."""
+
+_HASH = rf"[0-9a-f]{{{HASH_CHARS}}}"
+LABEL = re.compile(rf"^{NAME_PART}(/{NAME_PART})*-{_HASH}$")
+"""A step label: a slash-separated name, `-`, and the first HASH_CHARS hex digits of its identity."""
+_ENTRY = re.compile(rf"^(.+)-({_HASH})$")
+
+
+def join_path(base: str, sub: str) -> str:
+    """Join storage paths with `/` (fsspec paths, local or remote)."""
+    return f"{base.rstrip('/')}/{sub.strip('/')}"
+
+
+def step_dir(prefix: str, label: str) -> str:
+    """A step's directory under the prefix: `<prefix>/<name>-<hash>`."""
+    return f"{prefix.rstrip('/')}/{label}"
+
+
+def is_label(text: str) -> bool:
+    """Whether `text` is a step label (and so names a directory inside the prefix)."""
+    return bool(LABEL.match(text)) and not any(part in ("", ".", "..") for part in text.split("/"))
+
+
+def split_label(entry: str) -> tuple[str, str] | None:
+    """(`name`, `hash`) of a directory entry named `<name>-<hash>`, else None."""
+    match = _ENTRY.match(entry)
+    return (match[1], match[2]) if match else None
+
+
+def is_payload(name: str) -> bool:
+    """Whether an entry of a step directory is the step's own output, not Drydock's metadata."""
+    return name not in HIDDEN_FILES and not name.startswith((TMP_PREFIX, CORRUPT_PREFIX))
+
+
+def log_name(token: int, slice_id: int | None = None, host: int | None = None) -> str:
+    """The log file of an attempt (of one host of one TPU slice, for a gang)."""
+    where = f"-slice-{slice_id}-host-{host}" if slice_id is not None else ""
+    return f"attempt-{token}{where}.log"
+
+
+def log_token(name: str) -> int | None:
+    """The fencing token in a log file's name, or None."""
+    match = re.match(r"^attempt-(\d+)", name)
+    return int(match[1]) if match else None
+
+
+def manifest_name(experiment: str, digest: str) -> str:
+    """`experiments/<experiment>-<digest>.json`, relative to the prefix."""
+    return f"{MANIFEST_DIR}/{experiment}-{digest}.json"
+
+
+def manifest_pattern(experiment: str) -> re.Pattern[str]:
+    """File names of an experiment's manifests in `experiments/`."""
+    return re.compile(rf"^{re.escape(experiment)}-{_HASH}\.json$")

@@ -1,0 +1,103 @@
+"""Run manifests on storage: where they live, how they are written, and reading them back.
+
+A manifest is `<prefix>/experiments/<experiment>-<hash>.json` (the hash is over the DAG's step
+labels, so the same experiment run again updates the same file). `pipeline.run.manifest` builds
+its content; this module names, writes and reads it. It is written one step per line: readable,
+and without `indent`, which pushes `json` onto its slow pure-Python encoder (seconds for a
+100,000-step manifest).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pipeline.core.identity import HASH_CHARS
+from pipeline.errors import StepDeclarationError
+from pipeline.storage.files import Storage
+from pipeline.storage.layout import MANIFEST_DIR, TMP_PREFIX, join_path, manifest_name
+
+__all__ = [
+    "ManifestError",
+    "encode_manifest",
+    "experiment_name",
+    "is_manifest",
+    "list_manifests",
+    "load_manifest",
+    "manifest_path",
+    "parse_manifest",
+]
+
+
+class ManifestError(StepDeclarationError):
+    """A manifest cannot be read, or is not a Drydock run manifest."""
+
+
+def is_manifest(path: str) -> bool:
+    """Whether a command's argument names a run manifest (`<name>-<hash>.json`) rather than an
+    experiment file; `run`, `plan`, `status`, `dag` and `explain` accept either."""
+    return path.endswith(".json")
+
+
+def experiment_name(name: str | None, source_file: str | None) -> str:
+    """A file-name-safe experiment name: the given one, else the experiment file's stem."""
+    raw = name or (source_file.rsplit("/", 1)[-1].removesuffix(".py") if source_file else "experiment")
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", raw).strip("._") or "experiment"
+
+
+def manifest_path(prefix: str, labels: Iterable[str], experiment: str) -> str:
+    """Where the manifest of the DAG with these step labels lives under `prefix`."""
+    digest = hashlib.sha256("\n".join(sorted(labels)).encode()).hexdigest()[:HASH_CHARS]
+    return join_path(prefix, manifest_name(experiment, digest))
+
+
+def encode_manifest(manifest: Mapping[str, Any]) -> bytes:
+    """The manifest as JSON bytes, one step per line."""
+    steps = manifest.get("steps", [])
+    head = {k: v for k, v in manifest.items() if k != "steps"}
+    lines = [json.dumps(step, default=str) for step in steps]
+    body = json.dumps(head, default=str)[:-1] + ', "steps": [\n' + ",\n".join(lines) + "\n]}\n"
+    return body.encode()
+
+
+def parse_manifest(data: bytes, location: str) -> dict[str, Any]:
+    """A manifest's content; a `ManifestError` naming `location` if it is not one."""
+    try:
+        manifest = json.loads(data)
+    except ValueError as e:
+        raise ManifestError(None, f"{location} is not a JSON manifest: {e}", field="MANIFEST") from e
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("steps"), list):
+        raise ManifestError(
+            None, f"{location} is not a Drydock run manifest (no `steps` list)", field="MANIFEST"
+        )
+    return manifest
+
+
+def load_manifest(location: str) -> dict[str, Any]:
+    """Read a manifest from a local path or any fsspec URL; errors name the location."""
+    from pipeline.storage.files import open_storage
+
+    try:
+        data = open_storage(location).read(location)
+    except Exception as e:
+        raise ManifestError(None, f"cannot read manifest {location!r}: {e}", field="MANIFEST") from e
+    if data is None:
+        raise ManifestError(None, f"manifest {location!r} does not exist", field="MANIFEST")
+    return parse_manifest(data, location)
+
+
+def manifest_dir(prefix: str) -> str:
+    """`<prefix>/experiments`."""
+    return join_path(prefix, MANIFEST_DIR)
+
+
+def list_manifests(storage: Storage, prefix: str) -> list[str]:
+    """File names of the manifests under `<prefix>/experiments/`, sorted."""
+    return sorted(
+        n
+        for n in storage.listdir(manifest_dir(prefix))
+        if n.endswith(".json") and not n.startswith(TMP_PREFIX)
+    )

@@ -1,0 +1,296 @@
+"""The commit protocol of step directories, on one `Storage`.
+
+Per step directory (names in `pipeline.storage.layout`):
+
+    .step.json   identity inputs, resolved config, code fingerprint, deps, git, versions
+    .status      append-only JSON lines: RUNNING, SUCCESS, FAILED, CANCELLED, ...
+    .lease       owner, fencing token, expiry
+
+The protocol:
+  * acquire: under an atomic read-modify-write of `.lease`, take it if it is stale
+    (`lease.is_stale`), with a fencing token one above any token seen in `.lease` or `.status`;
+  * every status event is appended by an atomic read-modify-write of `.status` that checks the
+    writer's token is still the newest in the file; RUNNING additionally refuses to start over
+    a SUCCESS (another runner finished first), so a step function runs once;
+  * SUCCESS is written only by the holder of the current lease: the lease is checked, then the
+    conditional append re-checks that no newer token started meanwhile;
+  * readers trust a step only when its `.status` ends in SUCCESS.
+
+Status appends drop an unterminated last line (the trace of a write that failed half-way)
+instead of building on it. The records read here are values of `pipeline.core.records`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.core.lease import LeaseRecord, Owner, is_stale
+from pipeline.core.records import (
+    NOTES,
+    Event,
+    StatusEvent,
+    StepRecord,
+    complete_lines,
+    last_state,
+    parse_status,
+)
+from pipeline.errors import StorageError
+from pipeline.storage.files import LocalStorage, Storage
+from pipeline.storage.layout import CORRUPT_PREFIX, LEASE, PROGRESS, STATUS, STEP_JSON, is_payload
+
+__all__ = ["Acquired", "AlreadyDone", "Held", "StepStore"]
+
+
+@dataclass(frozen=True)
+class Acquired:
+    """The lease is ours, with this fencing token; RUNNING has been recorded."""
+
+    token: int
+
+
+@dataclass(frozen=True)
+class Held:
+    """Another live runner holds the lease."""
+
+    lease: LeaseRecord
+
+
+@dataclass(frozen=True)
+class AlreadyDone:
+    """The step reached SUCCESS (by another runner) before we could start it."""
+
+
+class StepStore:
+    """The commit protocol of step directories on one `Storage`."""
+
+    def __init__(self, storage: Storage, clock: Callable[[], float] = time.time) -> None:
+        self.storage = storage
+        self.clock = clock
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def record(self, step_dir: str, *, with_metadata: bool = True) -> StepRecord:
+        """A consistent-enough view of one step directory.
+
+        `.step.json` is read for finished steps (drift notes need it), `.lease` for unfinished
+        ones (to tell a live runner from a dead one).
+        """
+        try:
+            events = self.events(step_dir)
+        except StorageError as e:
+            return StepRecord(lease=self.lease(step_dir), corrupt=str(e))
+        step_json = None
+        lease = None
+        if (last := last_state(events)) is not None and last.event == Event.SUCCESS:
+            if with_metadata:
+                step_json = self.read_step_json(step_dir)
+        else:
+            lease = LeaseRecord.parse(self.storage.read(f"{step_dir}/{LEASE}"))
+        return StepRecord(events, step_json, lease)
+
+    def records(self, step_dirs: Iterable[str], *, threads: int = 16) -> dict[str, StepRecord]:
+        """Records of many step directories: the snapshot a plan is made from."""
+        dirs = list(dict.fromkeys(step_dirs))
+        if isinstance(self.storage, LocalStorage) or len(dirs) < 64:
+            return {d: self.record(d) for d in dirs}
+        with ThreadPoolExecutor(threads) as pool:  # object stores: latency-bound, read in parallel
+            return dict(zip(dirs, pool.map(self.record, dirs), strict=True))
+
+    def events(self, step_dir: str) -> tuple[StatusEvent, ...]:
+        path = f"{step_dir}/{STATUS}"
+        return parse_status(self.storage.read(path), path)
+
+    def read_step_json(self, step_dir: str) -> Mapping[str, Any] | None:
+        data = self.storage.read(f"{step_dir}/{STEP_JSON}")
+        if data is None:
+            return None
+        try:
+            return json.loads(data)
+        except ValueError:
+            return {"__corrupt__": True}
+
+    def lease(self, step_dir: str) -> LeaseRecord | None:
+        return LeaseRecord.parse(self.storage.read(f"{step_dir}/{LEASE}"))
+
+    def progress(self, step_dir: str, events: tuple[StatusEvent, ...]) -> Mapping[str, Any] | None:
+        """The `.progress` report (`pipeline.run.step_events.progress`) of the latest attempt in
+        `events`; None without one, or when it is unreadable or an earlier attempt's."""
+        runs = [e for e in events if e.event == Event.RUNNING]
+        if not runs:
+            return None
+        raw = self.storage.read(f"{step_dir}/{PROGRESS}")
+        if not raw:
+            return None
+        try:
+            report = json.loads(raw)
+        except ValueError:
+            return None
+        # An earlier attempt's progress says nothing about this one.
+        if not isinstance(report, dict) or report.get("token") != runs[-1].token:
+            return None
+        return report
+
+    def has_payload(self, step_dir: str) -> bool:
+        """Whether the step wrote anything besides Drydock's own metadata."""
+        return any(is_payload(name) for name in self.storage.listdir(step_dir))
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def write_step_json(self, step_dir: str, info: Mapping[str, Any]) -> None:
+        self.storage.write(f"{step_dir}/{STEP_JSON}", json.dumps(info, indent=2, sort_keys=True).encode())
+
+    def acquire(
+        self,
+        step_dir: str,
+        owner: Owner,
+        ttl: float,
+        *,
+        rerun_after: int | None = None,
+        attempt: int = 1,
+    ) -> Acquired | Held | AlreadyDone:
+        """Take the step's lease and record RUNNING, or say who holds it / that it is done.
+
+        `rerun_after`: with `--force`, the number of status events seen at plan time; RUNNING may
+        then follow a SUCCESS only if no event was added since (one forced rerun, not one per runner).
+        """
+        status_path = f"{step_dir}/{STATUS}"
+        raw = self.storage.read(status_path)
+        corrupt = None
+        try:
+            events = parse_status(raw, status_path)
+        except StorageError:
+            if rerun_after is None:
+                raise
+            events, corrupt = (), raw  # --force: set the unreadable file aside below
+        if self._done(events, rerun_after):
+            return AlreadyDone()
+        seen_token = max((e.token for e in events), default=0)
+        now = self.clock()
+        outcome: dict[str, Any] = {}
+
+        def take(old: bytes | None) -> bytes | None:
+            outcome.clear()  # `update` may call this again after losing a race: last call wins
+            current = LeaseRecord.parse(old)
+            if not is_stale(current, now, owner.host):
+                outcome["held"] = current
+                return None
+            token = max(current.token if current else 0, seen_token) + 1
+            outcome["token"] = token
+            return LeaseRecord(token, owner.run_id, owner.host, owner.pid, owner.pid_start, now + ttl).dump()
+
+        self.storage.update(f"{step_dir}/{LEASE}", take)
+        if "held" in outcome:
+            return Held(outcome["held"])
+        token = outcome["token"]
+        if corrupt is not None:
+            # Keep the evidence; the forced rerun starts a fresh history under the new lease.
+            self.storage.write(f"{step_dir}/{CORRUPT_PREFIX}{token}", corrupt)
+            self.storage.write(status_path, b"")
+            rerun_after = 0
+
+        def start(old: bytes | None) -> bytes | None:
+            current = parse_status(old, status_path)
+            if self._done(current, rerun_after) or any(e.token >= token for e in current):
+                return None
+            event = StatusEvent(Event.RUNNING, token, self.clock(), owner.run_id, data={"attempt": attempt})
+            return complete_lines(old) + event.dump()
+
+        if self.storage.update(status_path, start) is None:
+            self.release(step_dir, owner, token)
+            if self._done(self.events(step_dir), rerun_after):
+                return AlreadyDone()
+            held = self.lease(step_dir)
+            if held is not None and not held.released:
+                return Held(held)
+            return AlreadyDone()
+        return Acquired(token)
+
+    @staticmethod
+    def _done(events: tuple[StatusEvent, ...], rerun_after: int | None) -> bool:
+        last = last_state(events)
+        if last is None or last.event != Event.SUCCESS:
+            return False
+        return rerun_after is None or len(events) > rerun_after
+
+    def renew(self, step_dir: str, owner: Owner, token: int, ttl: float) -> bool:
+        """Extend our lease; False if it is no longer ours (the step must stop)."""
+        now = self.clock()
+
+        def extend(old: bytes | None) -> bytes | None:
+            current = LeaseRecord.parse(old)
+            if current is None or not current.held_by(owner, token):
+                return None
+            return LeaseRecord(token, owner.run_id, owner.host, owner.pid, owner.pid_start, now + ttl).dump()
+
+        return self.storage.update(f"{step_dir}/{LEASE}", extend) is not None
+
+    def release(self, step_dir: str, owner: Owner, token: int) -> None:
+        """Give our lease up (kept as a record so fencing tokens keep growing)."""
+
+        def drop(old: bytes | None) -> bytes | None:
+            current = LeaseRecord.parse(old)
+            if current is None or not current.held_by(owner, token):
+                return None
+            return LeaseRecord(
+                token, owner.run_id, owner.host, owner.pid, owner.pid_start, current.expires, released=True
+            ).dump()
+
+        self.storage.update(f"{step_dir}/{LEASE}", drop)
+
+    def append(
+        self,
+        step_dir: str,
+        owner: Owner,
+        token: int,
+        event: str,
+        message: str = "",
+        data: Mapping[str, Any] | None = None,
+        *,
+        require_lease: bool = False,
+    ) -> bool:
+        """Append an event written under fencing token `token`; False if a newer token started.
+
+        With `require_lease` (SUCCESS), the event is written only while `owner` holds the lease.
+        """
+        if require_lease:
+            lease = self.lease(step_dir)
+            if lease is None or not lease.held_by(owner, token) or self.clock() >= lease.expires:
+                return False
+        status_path = f"{step_dir}/{STATUS}"
+        line = StatusEvent(event, token, self.clock(), owner.run_id, message, data or {}).dump()
+
+        def add(old: bytes | None) -> bytes | None:
+            current = parse_status(old, status_path)
+            newest = max((e.token for e in current), default=0)
+            last = last_state(current)
+            if newest != token or (last is not None and last.event == Event.SUCCESS):
+                return None
+            return complete_lines(old) + line
+
+        return self.storage.update(status_path, add) is not None
+
+    def note(
+        self,
+        step_dir: str,
+        run_id: str,
+        token: int,
+        event: str,
+        message: str,
+        data: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Append a note (e.g. WARNING) from a running attempt; False if that attempt is no longer current."""
+        if event not in NOTES:
+            raise ValueError(f"{event!r} is a state, not a note")
+        owner = Owner(run_id, "", 0, None)  # only the run id goes into the line
+        return self.append(step_dir, owner, token, event, message, data)
+
+    def commit(self, step_dir: str, owner: Owner, token: int, data: Mapping[str, Any] | None = None) -> bool:
+        """Write SUCCESS if and only if we still hold the lease. Then release it."""
+        ok = self.append(step_dir, owner, token, Event.SUCCESS, data=data, require_lease=True)
+        self.release(step_dir, owner, token)
+        return ok

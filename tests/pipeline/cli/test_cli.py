@@ -1,0 +1,365 @@
+"""The `drydock` command and `python FILE`, in real subprocesses: caching across processes,
+concurrent runners, SIGKILL and Ctrl-C, JSON output, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.core.records import Event
+from pipeline.storage.files import LocalStorage
+from pipeline.storage.step_store import StepStore
+from tests.pipeline.stepfns import calls
+
+ROOT = Path(__file__).resolve().parents[3]
+DRYDOCK = [sys.executable, "-m", "pipeline"]
+
+EXPERIMENT = """
+from pipeline import Step, executor_main, output_of, this_output, versioned
+from tests.pipeline.stepfns import SleepConfig, WriteConfig, sleep_then_write, write_value
+
+COUNTER = {counter!r}
+A_VALUE = {a_value}
+SLEEP = {sleep}
+STARTED = {started!r}
+
+layer1 = [
+    Step(f"layer1/s{{i}}", sleep_then_write,
+         SleepConfig(this_output(), versioned(SLEEP), COUNTER, f"l1-{{i}}", STARTED))
+    for i in range(3)
+]
+a = Step("data/a", write_value, WriteConfig(this_output(), versioned(A_VALUE), COUNTER, "a",
+                                            [output_of(s) for s in layer1]))
+b = Step("data/b", write_value, WriteConfig(this_output(), versioned(10), COUNTER, "b", [output_of(a)]))
+
+if __name__ == "__main__":
+    executor_main([b], description="cli test")
+"""
+
+
+def env() -> dict[str, str]:
+    out = dict(os.environ)
+    out["PYTHONPATH"] = str(ROOT) + os.pathsep + out.get("PYTHONPATH", "")
+    out.pop("DRYDOCK_PREFIX", None)
+    return out
+
+
+def write_experiment(tmp_path: Path, a_value: int = 1, sleep: float = 0.0, name: str = "exp.py") -> Path:
+    path = tmp_path / name
+    source = EXPERIMENT.format(
+        counter=str(tmp_path / "calls"), a_value=a_value, sleep=sleep, started=str(tmp_path / "started")
+    )
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def local(args: tuple[str, ...]) -> list[str]:
+    """`drydock CMD FILE --backend local ...`: these tests are about the engine, not Ray."""
+    return [*args[:2], "--backend", "local", *args[2:]] if len(args) >= 2 else list(args)
+
+
+def drydock(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*DRYDOCK, *local(args)], capture_output=True, text=True, env=env(), cwd=ROOT, timeout=timeout
+    )
+
+
+def start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [*DRYDOCK, *local(args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+        cwd=ROOT,
+    )
+
+
+def wait_for_file(path: Path, lines: int = 1, timeout: float = 30) -> None:
+    # Waits on an event another process writes to a file; bounded, no fixed sleep.
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and len(path.read_text().split()) >= lines:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"{path} did not get {lines} line(s) within {timeout}s")
+
+
+def step_dirs(prefix: Path) -> list[Path]:
+    """Every step directory under the prefix (those with a .status)."""
+    return sorted(p.parent for p in prefix.glob("*/*/.status"))
+
+
+def test_run_twice_second_run_executes_nothing(tmp_path):
+    exp, prefix = write_experiment(tmp_path), tmp_path / "prefix"
+    first = drydock("run", str(exp), "--prefix", str(prefix))
+    assert first.returncode == 0, first.stderr
+    assert calls(str(tmp_path / "calls"), "a") == 1
+    second = drydock("run", str(exp), "--prefix", str(prefix), "--json")
+    assert second.returncode == 0, second.stderr
+    out = json.loads(second.stdout)  # stdout holds the JSON and nothing else
+    assert {s["state"] for s in out["steps"]} == {"CACHED"}
+    for name in ["l1-0", "l1-1", "l1-2", "a", "b"]:
+        assert calls(str(tmp_path / "calls"), name) == 1
+    manifests = list((prefix / "experiments").glob("exp-*.json"))
+    assert len(manifests) == 1
+    manifest = json.loads(manifests[0].read_text())
+    assert manifest["experiment"] == "exp" and manifest["finished"]
+    assert {s["state"] for s in manifest["steps"]} == {"CACHED"}
+    assert manifest["versions"]["python"]
+    assert manifest["steps"][-1]["fn"] == "tests.pipeline.stepfns:write_value"
+
+
+def test_plan_json_is_machine_readable_and_writes_nothing(tmp_path):
+    exp, prefix = write_experiment(tmp_path), tmp_path / "prefix"
+    result = drydock("plan", str(exp), "--prefix", str(prefix), "--json")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert [s["name"] for s in plan["steps"]] == ["layer1/s0", "layer1/s1", "layer1/s2", "data/a", "data/b"]
+    for s in plan["steps"]:
+        assert {"name", "hash", "output_path", "state", "reason"} <= s.keys()
+        assert s["state"] == "RUN" and s["reason"] == "no output yet"
+        assert s["output_path"] == f"{prefix}/{s['name']}-{s['hash']}"
+    assert not prefix.exists()
+
+
+def test_python_file_and_dry_run_flag(tmp_path):
+    exp, prefix = write_experiment(tmp_path), tmp_path / "prefix"
+    result = subprocess.run(
+        [sys.executable, str(exp), "--prefix", str(prefix), "--backend", "local", "--dry_run", "true"],
+        capture_output=True,
+        text=True,
+        env=env(),
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Plan" in result.stdout and "data/b-" in result.stdout
+    assert not prefix.exists()
+    bare = subprocess.run(
+        [sys.executable, str(exp), "--prefix", str(prefix), "--dry_run"],
+        capture_output=True,
+        text=True,
+        env=env(),
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert bare.returncode == 0, bare.stderr
+
+
+def test_changed_versioned_value_reruns_downstream_only(tmp_path):
+    prefix = tmp_path / "prefix"
+    assert drydock("run", str(write_experiment(tmp_path)), "--prefix", str(prefix)).returncode == 0
+    changed = write_experiment(tmp_path, a_value=2, name="exp2.py")
+    plan = json.loads(drydock("plan", str(changed), "--prefix", str(prefix), "--json").stdout)
+    assert {s["name"]: s["state"] for s in plan["steps"]} == {
+        "layer1/s0": "CACHED",
+        "layer1/s1": "CACHED",
+        "layer1/s2": "CACHED",
+        "data/a": "RUN",
+        "data/b": "RUN",
+    }
+    assert drydock("run", str(changed), "--prefix", str(prefix)).returncode == 0
+    counter = str(tmp_path / "calls")
+    assert [calls(counter, n) for n in ["l1-0", "a", "b"]] == [1, 2, 2]
+
+
+def test_two_concurrent_runs_execute_every_step_once(tmp_path):
+    exp, prefix = write_experiment(tmp_path, sleep=0.4), tmp_path / "prefix"
+    args = ("run", str(exp), "--prefix", str(prefix), "--wait_poll_interval", "0.05")
+    procs = [start(*args), start(*args)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (_out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err
+    assert any("by another runner" in err or "WAIT" in err for _out, err in outs), "the runs did not overlap"
+    counter = str(tmp_path / "calls")
+    assert {n: calls(counter, n) for n in ["l1-0", "l1-1", "l1-2", "a", "b"]} == dict.fromkeys(
+        ["l1-0", "l1-1", "l1-2", "a", "b"], 1
+    )
+    store = StepStore(LocalStorage())
+    for d in step_dirs(prefix):
+        events = [e.event for e in store.events(str(d))]
+        assert events == [Event.RUNNING, Event.SUCCESS], (d, events)
+
+
+def test_sigkill_mid_step_next_run_takes_over_at_once(tmp_path):
+    exp, prefix = write_experiment(tmp_path, sleep=30), tmp_path / "prefix"
+    proc = start("run", str(exp), "--prefix", str(prefix), "--max_concurrent", "1")
+    wait_for_file(tmp_path / "started")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    store = StepStore(LocalStorage())
+    killed = [d for d in prefix.glob("layer1/*") if store.events(str(d))]
+    assert len(killed) == 1
+    assert [e.event for e in store.events(str(killed[0]))] == [Event.RUNNING]  # never SUCCESS
+    assert not (killed[0] / "done").exists()
+    # The next run does not wait out the 90 s lease: the owner process is gone.
+    plan = json.loads(drydock("plan", str(exp), "--prefix", str(prefix), "--json").stdout)
+    reasons = {s["output_path"]: (s["state"], s["reason"]) for s in plan["steps"]}
+    state, reason = reasons[str(killed[0])]
+    assert state == "RUN" and reason.startswith("previous attempt was interrupted (its runner, pid"), reason
+
+
+def test_sigkill_then_rerun_completes(tmp_path):
+    exp, prefix = write_experiment(tmp_path, sleep=0.5), tmp_path / "prefix"
+    proc = start("run", str(exp), "--prefix", str(prefix), "--max_concurrent", "1")
+    wait_for_file(tmp_path / "started")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    result = drydock("run", str(exp), "--prefix", str(prefix), "--json")
+    assert result.returncode == 0, result.stderr
+    states = {s["name"]: s["state"] for s in json.loads(result.stdout)["steps"]}
+    assert set(states.values()) <= {"SUCCEEDED", "CACHED"}
+    store = StepStore(LocalStorage())
+    for d in step_dirs(prefix):
+        events = store.events(str(d))
+        assert events[-1].event == Event.SUCCESS
+        # Every SUCCESS follows a RUNNING with the same token: the function returned in that attempt.
+        assert events[-2].event == Event.RUNNING and events[-2].token == events[-1].token
+        assert (d / "done").exists() or (d / "value.json").exists()
+
+
+def test_ctrl_c_cancels_cleanly_and_releases_leases(tmp_path):
+    exp, prefix = write_experiment(tmp_path, sleep=30), tmp_path / "prefix"
+    proc = start("run", str(exp), "--prefix", str(prefix), "--max_concurrent", "1")
+    wait_for_file(tmp_path / "started")
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    store = StepStore(LocalStorage())
+    started = [d for d in prefix.glob("layer1/*") if store.events(str(d))]
+    assert len(started) == 1
+    assert [e.event for e in store.events(str(started[0]))] == [Event.RUNNING, Event.CANCELLED]
+    assert store.lease(str(started[0])).released
+    manifest = json.loads(next((prefix / "experiments").glob("*.json")).read_text())
+    assert manifest["exit_code"] == 130
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("Step('a b', write_value, WriteConfig(this_output()))", "name part 'a b'"),
+        ("Step('../x', write_value, WriteConfig(this_output()))", "name part '..'"),
+        ("Step('x', write_value, {'output': this_output()})", "config must be a dataclass"),
+        ("Step('x', lambda c: None, WriteConfig(this_output()))", "lambda"),
+        ("Step('x', write_value, WriteConfig(this_output(), value=versioned({1, 2})))", "field `value`"),
+    ],
+)
+def test_bad_declarations_exit_2_with_one_line_and_write_nothing(tmp_path, source, message):
+    exp = tmp_path / "bad.py"
+    exp.write_text(
+        "from pipeline import Step, executor_main, this_output, versioned\n"
+        "from tests.pipeline.stepfns import WriteConfig, write_value\n"
+        f"step = {source}\n"
+        "if __name__ == '__main__':\n    executor_main([step])\n"
+    )
+    prefix = tmp_path / "prefix"
+    result = drydock("run", str(exp), "--prefix", str(prefix))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
+    assert not prefix.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--bogus", "1"], "unrecognized arguments: --bogus"),
+        (["--backend", "nope"], "unknown backend 'nope'"),
+        (["--max_concurrent", "zero"], "max_concurrent"),
+        (["--only", "("], "invalid regular expression"),
+        (["--log_level", "chatty"], "unknown log level 'chatty'"),
+        (["--wait_poll_interval", "-1"], "field `--wait_poll_interval`: must be positive"),
+    ],
+)
+def test_bad_options_exit_2(tmp_path, args, message):
+    exp, prefix = write_experiment(tmp_path), tmp_path / "prefix"
+    result = drydock("run", str(exp), "--prefix", str(prefix), *args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert not prefix.exists()
+
+
+def test_cli_usage_errors(tmp_path):
+    assert drydock().returncode == 2
+    assert "unknown command" in drydock("launch", "x.py").stderr
+    assert "does not exist" in drydock("run", str(tmp_path / "missing.py")).stderr
+    empty = tmp_path / "empty.py"
+    empty.write_text("x = 1\n")
+    result = drydock("run", str(empty))
+    assert result.returncode == 2 and "did not call executor_main" in result.stderr
+
+
+def test_status_shows_what_storage_says(tmp_path):
+    exp, prefix = write_experiment(tmp_path), tmp_path / "prefix"
+    drydock("run", str(exp), "--prefix", str(prefix), "--only", "layer1/s0")
+    result = drydock("status", str(exp), "--prefix", str(prefix), "--json")
+    assert result.returncode == 0, result.stderr
+    status = {s["name"]: s["status"] for s in json.loads(result.stdout)["steps"]}
+    assert status == {
+        "layer1/s0": "SUCCESS",
+        "layer1/s1": None,
+        "layer1/s2": None,
+        "data/a": None,
+        "data/b": None,
+    }
+    table = drydock("status", str(exp), "--prefix", str(prefix))
+    assert "SUCCESS" in table.stdout and "NOT STARTED" in table.stdout
+    # A corrupt .status: planning refuses with one line, status shows it, --force is the way out.
+    (status_file,) = prefix.glob("layer1/s0-*/.status")
+    status_file.write_text("{not json\n")
+    refused = drydock("run", str(exp), "--prefix", str(prefix))
+    assert refused.returncode == 2 and "line 1 is corrupt" in refused.stderr
+    shown = json.loads(drydock("status", str(exp), "--prefix", str(prefix), "--json").stdout)
+    assert shown["steps"][0]["status"] == "CORRUPT"
+    assert drydock("run", str(exp), "--prefix", str(prefix), "--force", "layer1/s0").returncode == 0
+
+
+def test_json_stdout_stays_clean_when_steps_print(tmp_path):
+    exp = tmp_path / "printer.py"
+    exp.write_text(
+        "from pipeline import Step, executor_main, this_output, versioned\n"
+        "from tests.pipeline.stepfns import SleepConfig, sleep_then_write\n"
+        "config = SleepConfig(this_output(), versioned(0.0), started_file='/dev/stdout')\n"
+        "step = Step('noisy', sleep_then_write, config)\n"
+        "if __name__ == '__main__':\n    executor_main([step])\n"
+    )
+    result = drydock("run", str(exp), "--prefix", str(tmp_path / "prefix"), "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["steps"][0]["state"] == "SUCCEEDED"
+
+
+def test_a_fully_cached_run_does_not_start_ray(tmp_path):
+    exp, prefix = write_experiment(tmp_path), tmp_path / "prefix"
+    assert drydock("run", str(exp), "--prefix", str(prefix)).returncode == 0
+    code = textwrap.dedent(f"""
+        import sys
+        from pipeline.cli import main
+        code = main(["run", {str(exp)!r}, "--prefix", {str(prefix)!r}, "--backend", "ray"])
+        print(code, "ray" in sys.modules)
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env(), cwd=ROOT)
+    assert result.stdout.strip().splitlines()[-1] == "0 False", result.stderr
+
+
+def test_engine_imports_no_ml_library(tmp_path):
+    exp = write_experiment(tmp_path)
+    code = textwrap.dedent(f"""
+        import sys
+        from pipeline.cli import main
+        main(["run", {str(exp)!r}, "--prefix", {str(tmp_path / "prefix")!r}, "--backend", "local"])
+        heavy = ("jax", "levanter", "ray", "torch", "haliax", "tensorflow")
+        heavy = sorted(m for m in heavy if m in sys.modules)
+        print("heavy modules:", ",".join(heavy) or "none")
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env(), cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "heavy modules: none"

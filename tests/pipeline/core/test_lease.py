@@ -1,0 +1,38 @@
+"""Lease staleness rules, with time and process liveness passed in."""
+
+import os
+
+from pipeline.core.lease import LeaseRecord, is_stale, pid_alive, process_start_time
+
+
+def lease(host: str = "h/1", expires: float = 100.0, released: bool = False) -> LeaseRecord:
+    return LeaseRecord(
+        token=3, run_id="r", host=host, pid=123, pid_start="9", expires=expires, released=released
+    )
+
+
+def test_absent_released_and_expired_leases_are_stale():
+    assert is_stale(None, 0, "h/1")
+    assert is_stale(lease(released=True), 0, "h/1", alive=lambda pid, start: True)
+    assert is_stale(lease(expires=100), 100, "other/1")
+    assert not is_stale(lease(expires=100), 99.9, "other/1")
+
+
+def test_a_dead_local_owner_makes_the_lease_stale_before_expiry():
+    assert is_stale(lease(host="h/1"), 0, "h/1", alive=lambda pid, start: False)
+    assert not is_stale(lease(host="h/1"), 0, "h/1", alive=lambda pid, start: True)
+    # On another host we cannot see the process: only expiry counts.
+    assert not is_stale(lease(host="h/1"), 0, "h/2", alive=lambda pid, start: False)
+
+
+def test_pid_alive_checks_start_time_against_pid_reuse():
+    me = os.getpid()
+    start = process_start_time(me)
+    assert start is not None
+    assert pid_alive(me, start)
+    assert not pid_alive(me, "1")  # same pid, different process start: a reused pid
+
+
+def test_record_round_trip():
+    record = lease()
+    assert LeaseRecord.parse(record.dump()) == record

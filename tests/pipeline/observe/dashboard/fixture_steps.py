@@ -1,0 +1,103 @@
+"""Step functions for the dashboard's tests: a tiny "train" and "evaluate" that write their files in
+the real formats of the step library (train_moe's metrics.jsonl, evaluate's results.json) in
+milliseconds, so the dashboard is tested on a prefix made by a real run of the executor.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+
+from pipeline.run import step_events
+
+
+@dataclass(frozen=True)
+class CorpusConfig:
+    output: str
+    documents: int = 3
+
+
+def write_corpus(config: CorpusConfig) -> None:
+    os.makedirs(config.output, exist_ok=True)
+    with open(os.path.join(config.output, "docs.jsonl"), "w") as f:
+        for i in range(config.documents):
+            f.write(json.dumps({"text": f"document {i}"}) + "\n")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    data: str
+    output: str
+    num_steps: int = 40
+    learning_rate: float = 3e-3
+    spike_at: int | None = 30
+
+
+def loss_at(step: int) -> float:
+    """The loss curve the tests expect: decaying, with a spike at `spike_at`."""
+    return 6.0 * math.exp(-step / 12) + 1.5
+
+
+def train_tiny(config: TrainConfig) -> None:
+    """Writes metrics.jsonl as steps.training_hooks.JsonlTracker does while training runs: Levanter's
+    long keys, and a step's metrics spread over several lines that readers merge."""
+    os.makedirs(config.output, exist_ok=True)
+    context = step_events.current()
+    assert context is not None, "the executor binds a step context around every step function"
+    log_lines = []
+    with open(os.path.join(config.output, "metrics.jsonl"), "w") as f:
+        for step in range(config.num_steps):
+            loss = loss_at(step) * (4.0 if step == config.spike_at else 1.0)
+            lr = config.learning_rate * min(1.0, (step + 1) / 10)
+            f.write(
+                json.dumps(
+                    {"step": step, "train/loss": loss, "optim/learning_rate": lr, "wall_time": 1.0 * step}
+                )
+                + "\n"
+            )
+            f.write(json.dumps({"step": step, "throughput/tokens_per_second": 1000.0 + step}) + "\n")
+            log_lines.append(f"step {step}: loss {loss:.4f}")
+            step_events.progress(step + 1, config.num_steps, "steps", {"loss": loss})
+            if step == config.spike_at:
+                step_events.warn(f"loss spike at step {step}: {loss:.4f}", {"step": step, "loss": loss})
+    with open(os.path.join(config.output, "train_result.json"), "w") as f:
+        json.dump({"steps": config.num_steps}, f)
+    # The Ray backend keeps a copy of each attempt's output here; the local backend has no such copy.
+    os.makedirs(os.path.join(config.output, ".logs"), exist_ok=True)
+    with open(os.path.join(config.output, ".logs", f"attempt-{context.token}.log"), "w") as f:
+        f.write("\n".join(log_lines) + "\ntrain_tiny: done\n")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    train: str
+    output: str
+
+
+def evaluate_tiny(config: EvalConfig) -> None:
+    """Writes results.json in steps.evaluate's format."""
+    with open(os.path.join(config.train, "train_result.json")) as f:
+        last = json.load(f)["steps"] - 1
+    sets = {}
+    for name, offset in (("web", 0.1), ("code", 0.3)):
+        loss = loss_at(last) + offset
+        sets[name] = {"loss": loss, "bits_per_byte": loss / math.log(2) / 4, "perplexity": math.exp(loss)}
+    average = {
+        k: sum(s[k] for s in sets.values()) / len(sets) for k in ("loss", "bits_per_byte", "perplexity")
+    }
+    result = {
+        "checkpoint": os.path.join(config.train, "checkpoints", f"step-{last}"),
+        "checkpoint_step": last,
+        "validation_sets": sets,
+        "average": average,
+        "seconds": 0.01,
+    }
+    os.makedirs(config.output, exist_ok=True)
+    with open(os.path.join(config.output, "results.json"), "w") as f:
+        json.dump(result, f, indent=2)
+
+
+def diverge(config: TrainConfig) -> None:
+    raise FloatingPointError("loss became NaN at step 3")

@@ -1,0 +1,219 @@
+"""The dashboard served by its real entry point in a child process, queried over loopback HTTP."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from tests.pipeline.observe.dashboard.conftest import REPO, start_dashboard, stop
+
+
+def get(server, path: str) -> httpx.Response:
+    return httpx.get(server.url.rstrip("/") + path, timeout=30)
+
+
+def tree(prefix: str) -> dict[str, tuple[int, int]]:
+    """Every file under the prefix with its size and modification time."""
+    out = {}
+    for root, _dirs, files in os.walk(prefix):
+        for name in files:
+            stat = os.stat(os.path.join(root, name))
+            out[os.path.join(root, name)] = (stat.st_size, stat.st_mtime_ns)
+    return out
+
+
+def test_experiment_list(dashboard, runs):
+    response = get(dashboard, "/")
+    assert response.status_code == 200 and "text/html" in response.headers["content-type"]
+    ids = re.findall(r'<tr class="experiment" data-id="([^"]+)"', response.text)
+    assert [i.rsplit("-", 1)[0] for i in ids] == ["broken", "tiny_demo"]
+    assert "a training run that diverges" in response.text
+
+
+def test_experiment_page_has_dag_and_states(dashboard, runs):
+    manifest_id = next(i for i in re.findall(r'data-id="([^"]+)"', get(dashboard, "/").text) if "broken" in i)
+    page = get(dashboard, f"/experiments/{manifest_id}").text
+    nodes = dict(re.findall(r'<g class="node" data-label="([^"]+)" data-state="([^"]+)"', page))
+    assert nodes == {
+        runs.label(runs.broken, "data/corpus"): "CACHED",
+        runs.label(runs.broken, "train/broken"): "FAILED",
+        runs.label(runs.broken, "eval/broken"): "BLOCKED",
+    }
+    assert "loss became NaN at step 3" in page
+    assert f"/steps/{runs.label(runs.broken, 'train/broken')}?experiment={manifest_id}" in page
+
+
+def test_step_page_shows_config_events_logs_metrics(dashboard, runs):
+    label = runs.label(runs.demo, "train/tiny")
+    page = get(dashboard, f"/steps/{label}").text
+    assert re.search(r'<pre class="config" id="config">.*&#34;num_steps&#34;: 40', page, re.S)
+    assert re.findall(r'<tr class="event" data-event="(\w+)"', page) == ["RUNNING", "WARNING", "SUCCESS"]
+    assert "loss spike at step 30" in page
+    assert re.search(r'<dd id="progress">100% · 40 of 40 steps · loss 1\.733 ', page)
+    assert f'href="/steps/{label}/logs/attempt-1.log"' in page
+    assert "train_tiny: done" in page  # the latest log, inline
+    assert '<canvas id="loss-chart">' in page and "/static/chart.umd.min.js" in page
+
+    log = get(dashboard, f"/steps/{label}/logs/attempt-1.log")
+    assert log.status_code == 200 and "step 39: loss" in log.text
+
+
+def test_evaluation_table(dashboard, runs):
+    page = get(dashboard, f"/steps/{runs.label(runs.demo, 'eval/tiny')}").text
+    table = page[page.index('<table class="grid" id="eval-table">') :]
+    rows = re.findall(r"<tr(?: class=\"average\")?><td>(\w+)</td>", table[: table.index("</table>")])
+    assert rows == ["code", "web", "average"]
+
+
+def test_json_api(dashboard, runs):
+    experiments = get(dashboard, "/api/experiments").json()
+    assert {e["experiment"] for e in experiments} == {"tiny_demo", "broken"}
+    demo = next(e for e in experiments if e["experiment"] == "tiny_demo")
+    detail = get(dashboard, f"/api/experiments/{demo['id']}").json()
+    assert [s["state"] for s in detail["steps"]] == ["SUCCEEDED"] * 3
+    step = get(dashboard, f"/api/steps/{runs.label(runs.demo, 'train/tiny')}").json()
+    assert step["metrics"]["total_steps"] == 40 and step["logs"] == ["attempt-1.log"]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/experiments/nope-0123456789ab",
+        "/steps/nope/x-0123456789ab",
+        "/steps/..%2F..%2Fetc-0123456789ab",
+        "/steps/train/tiny",
+        "/api/steps/nope/x-0123456789ab",
+    ],
+)
+def test_unknown_things_are_404(dashboard, path):
+    response = get(dashboard, path)
+    assert response.status_code == 404
+
+
+def test_unknown_log_is_404(dashboard, runs):
+    label = runs.label(runs.demo, "train/tiny")
+    assert get(dashboard, f"/steps/{label}/logs/attempt-9.log").status_code == 404
+    assert "has no log" in get(dashboard, f"/steps/{label}/logs/attempt-9.log").text
+
+
+def test_read_only(dashboard, runs):
+    before = tree(runs.prefix)
+    label = runs.label(runs.demo, "train/tiny")
+    for method in ("POST", "PUT", "DELETE", "PATCH"):
+        response = httpx.request(method, dashboard.url + f"steps/{label}", timeout=30)
+        assert response.status_code == 405, method
+    for path in ("/", f"/steps/{label}", f"/steps/{label}/logs/attempt-1.log", "/api/experiments"):
+        assert get(dashboard, path).status_code == 200
+    assert tree(runs.prefix) == before
+
+
+def test_pages_load_nothing_from_elsewhere(dashboard, runs):
+    pages = [get(dashboard, "/").text, get(dashboard, f"/steps/{runs.label(runs.demo, 'train/tiny')}").text]
+    for page in pages:
+        sources = re.findall(r'(?:src|href)="([^"]+)"', page)
+        assert sources and all(s.startswith("/") for s in sources), sources
+    # FastAPI's interactive docs would load Swagger UI from a CDN: they are off.
+    assert get(dashboard, "/docs").status_code == 404
+
+
+def test_binds_loopback_by_default(dashboard):
+    assert dashboard.url.startswith("http://127.0.0.1:")
+
+
+def run_main(*args: str) -> subprocess.CompletedProcess[str]:
+    code = "import sys; from pipeline.observe.dashboard import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_missing_prefix_is_one_clear_error(tmp_path):
+    result = run_main("--prefix", str(tmp_path / "nowhere"))
+    assert result.returncode == 2
+    assert (
+        result.stderr.strip()
+        == f"error: dashboard --prefix: {str(tmp_path / 'nowhere')!r} is not a directory"
+    )
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_busy_port_is_one_clear_error(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        result = run_main("--prefix", str(tmp_path), "--port", str(port))
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"error: dashboard --host/--port: cannot listen on 127.0.0.1:{port}")
+
+
+def test_empty_prefix_page(tmp_path):
+    server = start_dashboard(str(tmp_path))
+    try:
+        page = get(server, "/").text
+        assert "No experiments under" in page
+    finally:
+        stop(server)
+
+
+def test_importing_the_package_loads_no_web_framework():
+    code = (
+        "import sys, pipeline, pipeline.observe.dashboard; "
+        "loaded = sorted(m for m in ('fastapi', 'uvicorn', 'starlette', 'jinja2') if m in sys.modules); "
+        "print(loaded)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_help_and_bad_options(capsys, tmp_path):
+    from pipeline.observe.dashboard import main
+
+    assert main(["--help"]) == 0
+    assert "--prefix" in capsys.readouterr().out
+    assert main(["--port", "eighty"]) == 2
+    assert "invalid int value: 'eighty'" in capsys.readouterr().err
+    assert main(["--prefix", str(tmp_path), "--port", "70000"]) == 2
+    assert "70000 is not a TCP port" in capsys.readouterr().err
+
+
+def test_step_table_filters_by_state(dashboard, runs):
+    manifest_id = next(i for i in re.findall(r'data-id="([^"]+)"', get(dashboard, "/").text) if "broken" in i)
+    page = get(dashboard, f"/experiments/{manifest_id}?state=FAILED").text
+    assert re.findall(r'<tr class="step" data-label="([^"]+)"', page) == [
+        runs.label(runs.broken, "train/broken")
+    ]
+    assert "1 of 3 steps FAILED" in page
+    # The DAG still shows every step.
+    assert len(re.findall(r'<g class="node"', page)) == 3
+    everything = get(dashboard, f"/experiments/{manifest_id}?all=true").text
+    assert len(re.findall(r'<tr class="step"', everything)) == 3
+
+
+def test_a_bad_experiment_query_is_ignored(dashboard, runs):
+    response = get(dashboard, f"/steps/{runs.label(runs.demo, 'train/tiny')}?experiment=a/b")
+    assert response.status_code == 200 and 'href="/experiments/' not in response.text
+
+
+def test_unreadable_prefix_is_a_clear_error(tmp_path):
+    """A storage error while serving is a 503 page naming it, not a bare 500 with a traceback."""
+    # A manifest name that is a directory: listing works, reading it fails (IsADirectoryError),
+    # like an object store refusing one request. Permissions would not do: CI runs as root.
+    (tmp_path / "experiments" / "odd-0123456789ab.json").mkdir(parents=True)
+    server = start_dashboard(str(tmp_path))
+    try:
+        response = get(server, "/")
+        assert response.status_code == 503 and "cannot read the prefix" in response.text
+        api = get(server, "/api/experiments")
+        assert api.status_code == 503 and "Is a directory" in api.json()["error"]
+    finally:
+        stop(server)

@@ -1,0 +1,133 @@
+"""End to end: the dashboard on loopback, loaded by headless Chromium through Playwright.
+
+Uses Debian's `chromium` (installed by `.ci/run`; or $DRYDOCK_CHROMIUM), not a browser downloaded
+by Playwright. Without it the test is skipped, unless DRYDOCK_REQUIRE_BROWSER=1 (set in CI), where
+a missing browser fails.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from tests.pipeline.observe.dashboard.conftest import REPO
+
+# DRYDOCK_CHROMIUM points the test at another Chromium build (or, to check the skip, at none).
+CHROMIUM = os.environ.get("DRYDOCK_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+DOCS_IMAGES = os.path.join(REPO, "docs", "images")
+# `DRYDOCK_UPDATE_SCREENSHOTS=1 pytest tests/pipeline/observe/dashboard` refreshes the docs' screenshots;
+# otherwise a test run leaves the checkout untouched.
+UPDATE_DOCS = os.environ.get("DRYDOCK_UPDATE_SCREENSHOTS") == "1"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not os.access(CHROMIUM, os.X_OK):
+        if os.environ.get("DRYDOCK_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"DRYDOCK_REQUIRE_BROWSER=1 but there is no Chromium at {CHROMIUM}")
+        pytest.skip(
+            f"no Chromium at {CHROMIUM} (apt-get install chromium; CI sets DRYDOCK_REQUIRE_BROWSER=1)"
+        )
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        # --no-sandbox: CI and containers run as root, where Chromium's sandbox refuses to start.
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    outside: list[str] = []
+    page.on("request", lambda r: None if r.url.startswith("http://127.0.0.1:") else outside.append(r.url))
+    yield page
+    context.close()
+    assert errors == [], f"JavaScript errors: {errors}"
+    assert outside == [], f"requests outside the dashboard: {outside}"
+
+
+def test_dashboard_in_a_browser(dashboard, runs, page, tmp_path):
+    # The experiment list.
+    page.goto(dashboard.url)
+    rows = page.locator("tr.experiment")
+    assert rows.count() == 2
+    assert page.locator("#experiments").inner_text().count("tiny_demo") >= 1
+    page.screenshot(path=str(tmp_path / "experiments.png"), full_page=True)
+
+    # An experiment: clicking a DAG node opens its step.
+    page.get_by_role("link", name="tiny_demo").click()
+    page.wait_for_selector("#dag svg")
+    assert page.locator("#dag g.node").count() == 3
+    assert page.locator('#steps tr.step[data-state="SUCCEEDED"]').count() == 3
+    page.screenshot(path=str(tmp_path / "experiment.png"), full_page=True)
+    train = runs.label(runs.demo, "train/tiny")
+    page.locator(f'#dag g.node[data-label="{train}"]').click()
+    page.wait_for_url(f"**/steps/{train}?experiment=*")
+
+    # The step page: config, status events, logs, and the loss chart drawn by Chart.js.
+    assert '"num_steps": 40' in page.locator("#config").inner_text()
+    events = page.locator("#events tr.event")
+    assert [events.nth(i).get_attribute("data-event") for i in range(events.count())] == [
+        "RUNNING",
+        "WARNING",
+        "SUCCESS",
+    ]
+    assert "train_tiny: done" in page.locator("#latest-log").inner_text()
+    chart = page.evaluate(
+        """() => {
+            const canvas = document.getElementById("loss-chart");
+            const chart = Chart.getChart(canvas);
+            const meta = chart.getDatasetMeta(0);
+            const pixels = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+            let painted = 0;
+            for (let i = 3; i < pixels.length; i += 4) if (pixels[i] !== 0) painted++;
+            return {
+                labels: chart.data.datasets.map((d) => d.label),
+                points: chart.data.datasets[0].data.length,
+                first: chart.data.datasets[0].data[0],
+                laidOut: meta.data.filter((p) => Number.isFinite(p.x) && Number.isFinite(p.y)).length,
+                yMax: chart.scales.y.max,
+                painted: painted,
+                width: canvas.width,
+            };
+        }"""
+    )
+    assert chart["labels"] == ["loss", "learning rate"]
+    assert chart["points"] == 40 and chart["laidOut"] == 40
+    assert chart["first"] == {"x": 0, "y": 7.5}
+    assert chart["yMax"] >= 4 * 2.0  # the spike at step 30 is on the chart
+    assert chart["width"] > 0 and chart["painted"] > 1000
+    page.screenshot(path=str(tmp_path / "step.png"), full_page=True)
+    page.locator("#training").screenshot(path=str(tmp_path / "loss-chart.png"))
+    assert os.path.getsize(tmp_path / "step.png") > 10_000
+
+    # The docs show the step page as a user sees it first.
+    if UPDATE_DOCS:
+        page.screenshot(path=os.path.join(DOCS_IMAGES, "dashboard.png"))
+
+    # A log opens from its link.
+    page.get_by_role("link", name="attempt-1.log").click()
+    assert "step 39: loss" in page.locator("#log").inner_text()
+
+    # The failed experiment: its DAG shows each step's state (the docs show this page too).
+    page.get_by_role("link", name="experiments").click()
+    page.get_by_role("link", name="broken", exact=True).click()
+    nodes = page.locator("#dag g.node")
+    states = {
+        nodes.nth(i).get_attribute("data-label"): nodes.nth(i).get_attribute("data-state") for i in range(3)
+    }
+    assert states == {
+        runs.label(runs.broken, "data/corpus"): "CACHED",
+        runs.label(runs.broken, "train/broken"): "FAILED",
+        runs.label(runs.broken, "eval/broken"): "BLOCKED",
+    }
+    page.screenshot(path=str(tmp_path / "broken.png"), full_page=True)
+    if UPDATE_DOCS:
+        page.screenshot(path=os.path.join(DOCS_IMAGES, "dashboard-experiment.png"))

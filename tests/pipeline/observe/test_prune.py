@@ -1,0 +1,171 @@
+"""Garbage collection never deletes a referenced, pinned, running or leased step output."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline import ExecutorMainConfig, Step, output_of, run_experiment, this_output, versioned
+from pipeline.core.lease import Owner
+from pipeline.core.records import Event
+from pipeline.errors import StepDeclarationError, StorageError
+from pipeline.observe.prune import (
+    delete_planned,
+    find_step_dirs,
+    format_size,
+    parse_age,
+    pin,
+    plan_gc,
+    resolve_step_dir,
+)
+from pipeline.run.executor import RunReport
+from pipeline.storage.files import LocalStorage
+from pipeline.storage.step_store import StepStore
+from tests.pipeline.stepfns import WriteConfig, write_value
+
+
+def steps(value: int) -> list[Step]:
+    a = Step("data/a", write_value, WriteConfig(this_output(), versioned(value), None, "a"))
+    b = Step("train/deep/b", write_value, WriteConfig(this_output(), versioned(1), None, "b", [output_of(a)]))
+    return [b]
+
+
+def run(value: int, prefix: Path, experiment: str) -> RunReport:
+    config = ExecutorMainConfig(prefix=str(prefix), backend="local", experiment=experiment)
+    report = run_experiment(steps(value), config)
+    assert isinstance(report, RunReport) and report.ok
+    return report
+
+
+def labels(report: RunReport) -> set[str]:
+    return set(report.plan.dag.nodes)
+
+
+@pytest.fixture
+def prefix(tmp_path: Path) -> Path:
+    """Two experiments (`one` and `two`) sharing nothing, plus three steps no manifest lists:
+    one RUNNING here, one whose runner failed but still holds a live lease, one RUNNING whose
+    runner is gone."""
+    root = tmp_path / "prefix"
+    run(1, root, "one")
+    run(2, root, "two")
+    store = StepStore(LocalStorage())
+    me = Owner.current()
+    store.acquire(f"{root}/loose/running-00000000000a", me, 3600)
+    token = store.acquire(f"{root}/loose/leased-00000000000b", me, 3600).token
+    store.append(f"{root}/loose/leased-00000000000b", me, token, Event.FAILED, "boom")  # lease kept
+    ghost = Owner("ghost0000000", me.host, 2**22 + 4321, None)
+    store.acquire(f"{root}/loose/stale-00000000000c", ghost, 3600)
+    return root
+
+
+def gc_plan(prefix: Path, keep=None, older_than=None, now=None):
+    now = time.time() if now is None else now
+    return plan_gc(
+        LocalStorage(),
+        str(prefix),
+        keep=keep,
+        older_than=older_than,
+        now=now,
+        local_host=Owner.current().host,
+    )
+
+
+def test_finds_step_dirs_at_any_depth_and_not_inside_them(prefix):
+    found = {p[len(str(prefix)) + 1 :] for p in find_step_dirs(LocalStorage(), str(prefix))}
+    assert len(found) == 7
+    assert {f for f in found if f.startswith("train/deep/b-")}  # nested names
+    assert not any(f.startswith("experiments") for f in found)
+
+
+def test_by_default_every_manifest_is_kept(prefix):
+    plan = gc_plan(prefix)
+    assert len(plan.manifests) == 2
+    assert plan.delete == ()
+    reasons = {d.label.split("-")[0]: d.keep_reason for d in plan.keep}
+    assert reasons["loose/running"] == "RUNNING"
+    assert reasons["loose/leased"].startswith("leased by run ")
+    assert reasons["loose/stale"] == "RUNNING"  # a stale RUNNING is left for a rerun to take over
+
+
+def test_keeping_one_manifest_deletes_the_rest_but_never_pinned_or_running(prefix, tmp_path):
+    storage = LocalStorage()
+    two = run(2, prefix, "two")  # cached: same labels as the first run of `two`
+    two_dirs = sorted(two.plan.dag.nodes[label].output_path for label in two.plan.dag.nodes)
+    pinned_dir = two_dirs[0]
+    pin(storage, pinned_dir, now=time.time())
+    plan = gc_plan(prefix, keep=["one"])
+    (manifest,) = plan.manifests
+    assert os.path.basename(manifest).startswith("one-")
+    assert {d.path for d in plan.delete} == set(two_dirs) - {pinned_dir}
+    assert all(d.size > 0 for d in plan.delete)
+    deleted, skipped = delete_planned(storage, plan, now=time.time(), local_host=Owner.current().host)
+    assert skipped == [] and {d.path for d in deleted} == set(two_dirs) - {pinned_dir}
+    assert os.path.isdir(pinned_dir)
+    for d in plan.keep:
+        assert os.path.isdir(d.path), d.label
+    # Pins come off: the next collection takes it.
+    assert pin(storage, pinned_dir, unpin=True, now=time.time())
+    assert [d.path for d in gc_plan(prefix, keep=["one"]).delete] == [pinned_dir]
+
+
+def test_a_step_that_starts_running_after_listing_is_skipped(prefix):
+    plan = gc_plan(prefix, keep=["one"])
+    victim = plan.delete[0]
+    StepStore(LocalStorage()).acquire(victim.path, Owner.current(), 3600, rerun_after=10**6)
+    deleted, skipped = delete_planned(LocalStorage(), plan, now=time.time(), local_host=Owner.current().host)
+    assert [(e.path, why) for e, why in skipped] == [(victim.path, "RUNNING now")]
+    assert os.path.isdir(victim.path) and len(deleted) == len(plan.delete) - 1
+
+
+def test_older_than_keeps_recent_outputs(prefix):
+    plan = gc_plan(prefix, keep=["one"], older_than=parse_age("1h"))
+    assert plan.delete == () and any(d.keep_reason == "too recent" for d in plan.keep)
+    # Two hours on: `two`'s outputs are old enough, and the failed step's lease has expired.
+    later = gc_plan(prefix, keep=["one"], older_than=parse_age("1h"), now=time.time() + 7200)
+    assert sorted(d.label.split("-")[0] for d in later.delete) == ["data/a", "loose/leased", "train/deep/b"]
+
+
+def test_leftover_temporary_files_go_only_where_nobody_writes(prefix):
+    storage = LocalStorage()
+    idle = next(d for d in gc_plan(prefix).keep if d.keep_reason == "in a kept manifest").path
+    busy = f"{prefix}/loose/running-00000000000a"
+    for directory in (idle, busy):
+        Path(directory, ".tmp-abc").write_text("half")
+    plan = gc_plan(prefix)
+    assert plan.orphans == [f"{idle}/.tmp-abc"]
+    delete_planned(storage, plan, now=time.time(), local_host=Owner.current().host)
+    assert not Path(idle, ".tmp-abc").exists() and Path(busy, ".tmp-abc").exists()
+    assert Path(idle, "value.json").exists()
+
+
+def test_bad_keep_or_manifest_refuses_before_deleting(prefix):
+    with pytest.raises(StepDeclarationError, match="manifest 'nope' not found"):
+        gc_plan(prefix, keep=["nope"])
+    manifest = next((prefix / "experiments").glob("two-*.json"))
+    manifest.write_text("{broken")
+    with pytest.raises(StorageError, match="unreadable"):
+        gc_plan(prefix)
+
+
+def test_pin_targets_and_ages():
+    with pytest.raises(StepDeclarationError, match="--older-than"):
+        parse_age("30 days")
+    assert parse_age("30d") == 30 * 86400 and parse_age("12h") == 43200 and parse_age("90s") == 90
+    assert format_size(512) == "512 B" and format_size(3 * 1024**3) == "3.0 GiB"
+
+
+def test_resolve_step_dir_by_path_label_or_unique_name(prefix):
+    storage = LocalStorage()
+    (a_one,) = [p for p in find_step_dirs(storage, str(prefix)) if "data/a-" in p][:1]
+    label = a_one[len(str(prefix)) + 1 :]
+    assert resolve_step_dir(storage, str(prefix), a_one) == a_one
+    assert resolve_step_dir(storage, str(prefix), label) == a_one
+    assert resolve_step_dir(storage, str(prefix), "loose/running").endswith("running-00000000000a")
+    with pytest.raises(StepDeclarationError, match="2 runs of this step"):
+        resolve_step_dir(storage, str(prefix), "data/a")
+    with pytest.raises(StepDeclarationError, match="not a step directory"):
+        resolve_step_dir(storage, str(prefix), "experiments")

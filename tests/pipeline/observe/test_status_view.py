@@ -1,0 +1,152 @@
+"""The status view on real step directories: states, attempts, progress, metrics tail, watch."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import time
+
+from rich.console import Console
+
+from pipeline.core.lease import Owner
+from pipeline.core.records import Event
+from pipeline.observe.status import (
+    StepEntry,
+    entries_from_manifest,
+    progress_text,
+    read_status,
+    status_json,
+    status_table,
+    watch,
+)
+from pipeline.run import step_events
+from pipeline.storage.files import LocalStorage
+from pipeline.storage.step_store import StepStore
+
+TTL = 3600.0  # leases taken here stay live for the whole test
+
+
+def _entries(prefix: str) -> list[StepEntry]:
+    return [
+        StepEntry("data/a-000000000001", "data/a", f"{prefix}/data/a-000000000001"),
+        StepEntry(
+            "train/b-000000000002", "train/b", f"{prefix}/train/b-000000000002", ("data/a-000000000001",)
+        ),
+        StepEntry(
+            "eval/c-000000000003", "eval/c", f"{prefix}/eval/c-000000000003", ("train/b-000000000002",)
+        ),
+        StepEntry("eval/d-000000000004", "eval/d", f"{prefix}/eval/d-000000000004"),
+    ]
+
+
+def _render(table) -> str:
+    console = Console(file=io.StringIO(), width=250, record=True)
+    console.print(table)
+    return console.export_text()
+
+
+def _setup(tmp_path):
+    prefix = str(tmp_path / "prefix")
+    store = StepStore(LocalStorage())
+    me = Owner.current()
+    a, b, c, d = _entries(prefix)
+    # a: failed once, then succeeded on attempt 2.
+    token = store.acquire(a.output_path, me, TTL).token
+    store.append(a.output_path, me, token, Event.FAILED, "ValueError: boom")
+    store.release(a.output_path, me, token)
+    token = store.acquire(a.output_path, me, TTL, attempt=2).token
+    store.commit(a.output_path, me, token)
+    # b: running here, now, with progress and training metrics.
+    running = store.acquire(b.output_path, me, TTL).token
+    # c: RUNNING, but its runner (a pid that does not exist on this host) is gone.
+    ghost = Owner("ghostrun0000", me.host, 2**22 + 12345, None)
+    store.acquire(c.output_path, ghost, TTL)
+    return store, me, running, [a, b, c, d]
+
+
+def test_states_attempts_and_staleness(tmp_path):
+    store, me, _token, entries = _setup(tmp_path)
+    rows = {r.entry.name: r for r in read_status(entries, store, now=time.time(), local_host=me.host)}
+    assert rows["data/a"].state == "SUCCESS" and rows["data/a"].attempt == 2
+    assert (
+        rows["train/b"].state == "RUNNING"
+        and rows["train/b"].holder == f"pid {me.pid} on {me.host.split('/')[0]}"
+    )
+    assert rows["eval/c"].state == "STALE" and "gone" in rows["eval/c"].detail
+    assert rows["eval/d"].state == "NOT STARTED" and rows["eval/d"].attempt is None
+    assert rows["train/b"].duration(rows["train/b"].started + 90) == 90
+    text = _render(status_table(list(rows.values()), now=rows["data/a"].ended + 30))
+    assert "RUNNING" in text and "STALE" in text and "NOT STARTED" in text
+    assert "SUCCESS 30s ago" in text
+
+
+def test_progress_and_training_metrics_show_for_the_current_attempt(tmp_path):
+    store, me, token, entries = _setup(tmp_path)
+    b = entries[1]
+    context = step_events.StepContext(b.output_path, me.run_id, token)
+    assert step_events.progress(300, 1000, "steps", data={"loss": 3.5}, context=context, clock=lambda: 1e9)
+    # Within PROGRESS_INTERVAL: folded into the next report, not written.
+    assert not step_events.progress(310, 1000, "steps", context=context, clock=lambda: 1e9 + 0.5)
+    # metrics.jsonl longer than the tail that is read: the last step and loss still come out.
+    with open(os.path.join(b.output_path, "metrics.jsonl"), "w") as f:
+        for step in range(300):  # 0-based step indices, as Levanter logs them: 300 steps done
+            record = {"step": step, "train/loss": 10.0 / (step + 1), "wall_time": 1.0, "pad": "x" * 60}
+            f.write(json.dumps(record) + "\n")
+        f.write(json.dumps({"step": 299, "eval/loss": 1.0}) + "\n")
+        f.write('{"step": 300, "train/lo')  # a line being written
+    (row,) = [r for r in read_status(entries, store, now=time.time(), local_host=me.host) if r.entry == b]
+    assert row.progress is not None and row.progress["done"] == 300 and row.progress["total"] == 1000
+    assert row.train_step == 299 and row.loss == 10.0 / 300
+    assert os.path.getsize(os.path.join(b.output_path, "metrics.jsonl")) > 16 * 1024  # beyond the tail
+    assert progress_text(row).startswith("████░░░░░░░░ 30%") and "300/1,000 steps" in progress_text(row)
+    # A later attempt of the same step does not show the earlier attempt's progress.
+    store.release(b.output_path, me, token)
+    store.acquire(b.output_path, me, TTL, attempt=2)
+    (row,) = [r for r in read_status(entries, store, now=time.time(), local_host=me.host) if r.entry == b]
+    assert row.progress is None and row.attempt == 2
+
+
+def test_progress_outside_a_step_only_logs(tmp_path, caplog):
+    caplog.set_level("INFO", logger="pipeline.run.step_events")
+    assert not step_events.progress(5, 10, "shards", clock=lambda: 0.0)
+    assert "50% (5 of 10 shards)" in caplog.text
+
+
+def test_json_rows_and_manifest_entries(tmp_path):
+    store, me, _token, entries = _setup(tmp_path)
+    manifest = {
+        "steps": [
+            {"label": e.label, "name": e.name, "output_path": e.output_path, "deps": list(e.deps)}
+            for e in entries
+        ]
+    }
+    assert entries_from_manifest(manifest) == entries
+    out = status_json(read_status(entries, store, now=time.time(), local_host=me.host), time.time())
+    assert [r["table_state"] for r in out] == ["SUCCESS", "RUNNING", "STALE", "NOT STARTED"]
+    assert json.loads(json.dumps(out))[0]["attempt"] == 2
+
+
+def test_watch_refreshes_until_nothing_runs(tmp_path):
+    store, me, token, entries = _setup(tmp_path)
+    b = entries[1]
+    loads: list[int] = []
+
+    def load():
+        loads.append(1)
+        return read_status(entries, store, now=time.time(), local_host=me.host)
+
+    context = step_events.StepContext(b.output_path, me.run_id, token)
+    step_events.progress(3, 4, "shards", context=context, clock=lambda: 2e9)
+
+    def sleep(seconds: float) -> None:
+        assert seconds == 0.5
+        store.commit(b.output_path, me, token)  # the running step finishes between two refreshes
+
+    console = Console(file=io.StringIO(), width=250, record=True, force_terminal=False)
+    rows = watch(load, console, interval=0.5, title="t", sleep=sleep)
+    assert len(loads) == 2
+    (done,) = [r for r in rows if r.entry == b]
+    assert done.state == "SUCCESS" and done.progress is not None
+    assert progress_text(done) == ""  # a finished step shows no stale bar
+    assert "Ctrl-C to stop watching" in console.export_text()

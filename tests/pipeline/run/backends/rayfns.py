@@ -1,0 +1,91 @@
+"""Step functions for the Ray backend tests (module-level, so Ray workers import them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+
+from pipeline import step_function
+
+
+@dataclass(frozen=True)
+class MeetConfig:
+    output: str
+    rendezvous: str
+    me: str
+    other: str
+    timeout: float = 60.0
+
+
+def meet(config: MeetConfig) -> None:
+    """Succeeds only if `other` arrives while `me` is still running: proof of concurrency."""
+    os.makedirs(config.rendezvous, exist_ok=True)
+    open(os.path.join(config.rendezvous, config.me), "w").close()
+    deadline = time.time() + config.timeout
+    while not os.path.exists(os.path.join(config.rendezvous, config.other)):
+        if time.time() > deadline:
+            raise TimeoutError(f"{config.other} never ran alongside {config.me}")
+        time.sleep(0.02)
+    os.makedirs(config.output, exist_ok=True)
+    open(os.path.join(config.output, "met"), "w").close()
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    output: str
+    message: str = "hello from a ray step"
+    sleep: float = 0.0
+    """Seconds to sleep; with `pid_file`, only in the first attempt."""
+    pid_file: str | None = None
+    fail_first: str | None = None
+    """A marker file: if absent, create it and raise (so the first attempt fails)."""
+    tags: list[str] = field(default_factory=list)
+
+
+def probe(config: ProbeConfig) -> None:
+    """Record where and how the step ran: node, resources, environment, host ids."""
+    import ray
+
+    print(config.message, flush=True)
+    if config.fail_first and not os.path.exists(config.fail_first):
+        open(config.fail_first, "w").close()
+        raise RuntimeError("first attempt fails on purpose")
+    first_attempt = True
+    if config.pid_file:
+        first_attempt = not os.path.exists(config.pid_file)
+        with open(config.pid_file, "a") as f:
+            f.write(f"{os.getpid()} {os.getppid()}\n")  # the worker and its raylet
+    if config.sleep and first_attempt:
+        time.sleep(config.sleep)
+    ctx = ray.get_runtime_context()
+    info = {
+        "node_id": ctx.get_node_id(),
+        "resources": ctx.get_assigned_resources(),
+        "env": {k: v for k, v in os.environ.items() if k.startswith(("DRYDOCK_", "MEGASCALE_", "PROBE_"))},
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+    }
+    os.makedirs(config.output, exist_ok=True)
+    host_id = os.environ.get("DRYDOCK_TPU_HOST_ID", "0")
+    slice_id = os.environ.get("DRYDOCK_TPU_SLICE_ID", "0")
+    with open(os.path.join(config.output, f"probe-{slice_id}-{host_id}.json"), "w") as f:
+        json.dump(info, f)
+
+
+def exit_now(config: ProbeConfig) -> None:
+    """A step that prints, then calls sys.exit(3)."""
+    import sys
+
+    print("about to exit", flush=True)
+    sys.exit(3)
+
+
+def fresh_probe(config: ProbeConfig) -> None:
+    """`probe`, in a worker process of its own (see the Ray backend's `fresh_process`)."""
+    probe(config)
+
+
+step_function(fresh_probe, fresh_process=True)

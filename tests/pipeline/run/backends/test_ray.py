@@ -1,0 +1,192 @@
+"""The Ray backend on a real local Ray instance (started once for this module)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from pipeline import ExecutorMainConfig, Resources, Step, run_experiment, this_output, versioned  # noqa: E402
+from pipeline.core.plan import State  # noqa: E402
+from pipeline.core.records import Event  # noqa: E402
+from pipeline.errors import StepDeclarationError  # noqa: E402
+from pipeline.run.executor import RunReport  # noqa: E402
+from pipeline.storage.files import LocalStorage  # noqa: E402
+from pipeline.storage.step_store import StepStore  # noqa: E402
+from tests.pipeline.run.backends.rayfns import MeetConfig, ProbeConfig, meet, probe  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[4]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    os.environ["PYTHONPATH"] = f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    ray.init(
+        address="local",
+        num_cpus=2,
+        resources={"special": 1},
+        include_dashboard=False,
+        _node_ip_address="127.0.0.2",
+    )  # loopback: Ray rewrites 127.0.0.1 to the machine address
+    yield
+    ray.shutdown()
+
+
+def run(steps, prefix, **options) -> RunReport:
+    report = run_experiment(steps, ExecutorMainConfig(prefix=str(prefix), backend="ray", **options))
+    assert isinstance(report, RunReport)
+    return report
+
+
+def only_dir(prefix: Path, name: str) -> Path:
+    (found,) = prefix.glob(f"{name}-*")
+    return found
+
+
+def read_probe(step_dir: Path, slice_id: int = 0, host: int = 0) -> dict:
+    return json.loads((step_dir / f"probe-{slice_id}-{host}.json").read_text())
+
+
+def test_independent_steps_run_concurrently_on_ray(tmp_path):
+    rv = str(tmp_path / "rendezvous")
+    a = Step("meet/a", meet, MeetConfig(this_output(), rv, versioned("a"), "b"))
+    b = Step("meet/b", meet, MeetConfig(this_output(), rv, versioned("b"), "a"))
+    report = run([a, b], tmp_path / "prefix")
+    assert report.ok, {label: o.error for label, o in report.outcomes.items()}
+
+
+def test_resources_env_and_logs_reach_the_task(tmp_path):
+    step = Step(
+        "probe/custom",
+        probe,
+        ProbeConfig(this_output(), message="hello from a ray step"),
+        resources=Resources(cpus=1, custom={"special": 1}, env={"PROBE_COLOR": "teal"}),
+    )
+    prefix = tmp_path / "prefix"
+    report = run([step], prefix)
+    assert report.ok
+    step_dir = only_dir(prefix, "probe/custom")
+    info = read_probe(step_dir)
+    assert info["resources"]["special"] == 1
+    assert info["resources"]["CPU"] == 1
+    assert info["env"]["PROBE_COLOR"] == "teal"
+    assert info["pid"] != os.getpid()  # ran in a Ray worker, not in the driver
+    log = (step_dir / ".logs" / "attempt-1.log").read_text()
+    assert "hello from a ray step" in log
+
+
+def test_exception_is_failed_with_remote_traceback_and_retried_on_its_budget(tmp_path):
+    marker = str(tmp_path / "failed-once")
+    step = Step(
+        "probe/flaky",
+        probe,
+        ProbeConfig(this_output(), fail_first=marker),
+        resources=Resources(failure_retries=1),
+    )
+    prefix = tmp_path / "prefix"
+    report = run([step], prefix)
+    assert report.ok
+    (outcome,) = report.outcomes.values()
+    assert outcome.attempts == 2
+    events = StepStore(LocalStorage()).events(str(only_dir(prefix, "probe/flaky")))
+    assert [e.event for e in events] == [Event.RUNNING, Event.FAILED, Event.RUNNING, Event.SUCCESS]
+    assert events[1].message == "RuntimeError: first attempt fails on purpose"
+    assert "first attempt fails on purpose" in events[1].data["traceback"]
+    assert "rayfns.py" in events[1].data["traceback"]  # the worker's traceback, not the driver's
+
+
+def test_exception_without_budget_fails_the_run(tmp_path):
+    step = Step("probe/bad", probe, ProbeConfig(this_output(), fail_first=str(tmp_path / "m")))
+    report = run([step], tmp_path / "prefix")
+    (outcome,) = report.outcomes.values()
+    assert outcome.state == State.FAILED and outcome.error == "RuntimeError: first attempt fails on purpose"
+    assert report.exit_code == 1
+
+
+@pytest.mark.parametrize(
+    ("resources", "message"),
+    [
+        (Resources(gpus=4), "asks for CPU 1, GPU 4 on one node; no node has that"),
+        (Resources(custom={"TPU": 8}), "TPU 8"),
+        (Resources(tpu="v4-16"), "asks for 1 x v4-16 (2 hosts of 4 chips each"),
+        (Resources(tpu="v9-16"), "unknown TPU type 'v9-16'"),
+    ],
+)
+def test_unsatisfiable_requests_fail_fast_naming_the_step(tmp_path, resources, message):
+    step = Step("train/huge", probe, ProbeConfig(this_output()), resources=resources)
+    prefix = tmp_path / "prefix"
+    with pytest.raises(StepDeclarationError) as err:
+        run([step], prefix)
+    assert "step 'train/huge', field `resources`" in str(err.value)
+    assert message in str(err.value)
+    assert not prefix.exists()
+
+
+def test_cached_steps_need_no_resources(tmp_path):
+    # Validation only looks at steps that will run: a finished step on a smaller cluster is fine.
+    prefix = tmp_path / "prefix"
+    step = Step("probe/plain", probe, ProbeConfig(this_output()))
+    assert run([step], prefix).ok
+    again = run([step], prefix)
+    assert [o.state for o in again.outcomes.values()] == [State.CACHED]
+
+
+def test_sys_exit_is_a_failure_not_a_lost_node_and_failed_attempts_keep_their_log(tmp_path):
+    from tests.pipeline.run.backends.rayfns import exit_now
+
+    prefix = tmp_path / "prefix"
+    step = Step("probe/exits", exit_now, ProbeConfig(this_output()))
+    report = run([step], prefix)
+    (outcome,) = report.outcomes.values()
+    assert outcome.state == State.FAILED and outcome.attempts == 1
+    assert outcome.error == "RuntimeError: the step function called sys.exit(3)"
+    step_dir = only_dir(prefix, "probe/exits")
+    events = StepStore(LocalStorage()).events(str(step_dir))
+    assert [e.event for e in events] == [Event.RUNNING, Event.FAILED]
+    assert "\x1b[" not in events[-1].data["traceback"]  # no terminal colours in stored tracebacks
+    (log,) = (step_dir / ".logs").iterdir()
+    assert "about to exit" in log.read_text() and "SystemExit" in log.read_text()
+
+
+def test_an_unreachable_cluster_address_fails_fast(tmp_path):
+    import socket
+    import time
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    from pipeline.run.backends.ray import _check_reachable
+
+    started = time.monotonic()
+    with pytest.raises(
+        StepDeclarationError, match=r"field `--ray_address`: cannot reach a Ray cluster at '127\.0\.0\.1"
+    ):
+        _check_reachable(f"127.0.0.1:{port}", timeout=5)
+    assert time.monotonic() - started < 5
+
+
+def test_a_ray_step_reports_a_warning_note(tmp_path):
+    from tests.pipeline.stepfns import WriteConfig, warn_then_write
+
+    prefix = tmp_path / "prefix"
+    report = run([Step("warns", warn_then_write, WriteConfig(this_output(), versioned(2)))], prefix)
+    assert report.ok
+    events = StepStore(LocalStorage()).events(str(only_dir(prefix, "warns")))
+    assert [e.event for e in events] == [Event.RUNNING, "WARNING", Event.SUCCESS]
+
+
+def test_fresh_process_steps_never_share_a_worker(tmp_path):
+    from tests.pipeline.run.backends.rayfns import fresh_probe
+
+    prefix = tmp_path / "prefix"
+    steps = [
+        Step(f"fresh/{i}", fresh_probe, ProbeConfig(this_output(), tags=versioned([str(i)])))
+        for i in range(3)
+    ]
+    assert run(steps, prefix, max_concurrent=1).ok
+    pids = {read_probe(only_dir(prefix, f"fresh/{i}"))["pid"] for i in range(3)}
+    assert len(pids) == 3

@@ -1,0 +1,276 @@
+"""A fake multi-host TPU cluster on this machine: `ray start --head` plus worker nodes that
+advertise TPU chips, slice head resources and slice labels, all on 127.0.0.1.
+
+    head   CPU 1                                                      (127.0.0.2)
+    w1     CPU 1, TPU 4, TPU-v4-16-head 1, slice "slice-a"   } one v4-16 slice (2 hosts)
+    w2     CPU 1, TPU 4,                    slice "slice-a"   }
+    w3     CPU 1, TPU 4, TPU-v4-8-head 1,   slice "slice-b", zone 1   a v4-8 slice (1 host)
+    w4     CPU 1, TPU 4, TPU-v4-8-head 1,   slice "slice-c", zone 1   another v4-8 slice
+
+Each node has its own loopback address (127.0.0.2, .3, ...), like separate hosts; Ray rewrites
+127.0.0.1 itself to the machine's network address, but not the rest of 127/8. Tests run in file
+order: the last ones kill nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+
+from pipeline import ExecutorMainConfig, Resources, Step, run_experiment, this_output, versioned
+from pipeline.core.records import Event
+from pipeline.run.executor import RunReport
+from pipeline.storage.files import LocalStorage
+from pipeline.storage.step_store import StepStore
+from tests.pipeline.run.backends.rayfns import ProbeConfig, probe
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[4]
+RAY = str(Path(sys.executable).with_name("ray"))
+
+NODES = {
+    "w1": ({"TPU": 4, "TPU-v4-16-head": 1}, "slice-a"),
+    "w2": ({"TPU": 4}, "slice-a"),
+    "w3": ({"TPU": 4, "TPU-v4-8-head": 1, "zone": 1}, "slice-b"),
+    "w4": ({"TPU": 4, "TPU-v4-8-head": 1, "zone": 1}, "slice-c"),
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ray_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    env["RAY_AUTH_MODE"] = "disabled"
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    port = free_port()
+    address = f"127.0.0.2:{port}"
+    common = ["--num-cpus", "1", "--disable-usage-stats"]
+    subprocess.run(
+        [
+            RAY,
+            "start",
+            "--head",
+            "--node-ip-address",
+            "127.0.0.2",
+            "--port",
+            str(port),
+            "--include-dashboard",
+            "false",
+            *common,
+        ],
+        check=True,
+        env=ray_env(),
+        capture_output=True,
+        timeout=180,
+    )
+    try:
+        # One at a time: on two cores, raylets started together time out registering with the GCS.
+        for i, (resources, slice_name) in enumerate(NODES.values(), start=3):
+            subprocess.run(
+                [
+                    RAY,
+                    "start",
+                    "--address",
+                    address,
+                    "--node-ip-address",
+                    f"127.0.0.{i}",
+                    "--resources",
+                    json.dumps(resources),
+                    "--labels",
+                    f"ray.io/tpu-slice-name={slice_name}",
+                    *common,
+                ],
+                check=True,
+                env=ray_env(),
+                capture_output=True,
+                timeout=180,
+            )
+        yield address
+    finally:
+        subprocess.run([RAY, "stop", "--force"], env=ray_env(), capture_output=True, timeout=120)
+
+
+def run(steps, prefix, address, **options) -> RunReport:
+    report = run_experiment(
+        steps, ExecutorMainConfig(prefix=str(prefix), backend="ray", ray_address=address, **options)
+    )
+    assert isinstance(report, RunReport)
+    return report
+
+
+def probes(step_dir: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(step_dir.glob("probe-*.json"))]
+
+
+def node_labels(address: str) -> dict[str, str]:
+    code = textwrap.dedent(f"""
+        import json, ray
+        ray.init(address={address!r}, logging_level="ERROR")
+        print(json.dumps({{n["NodeID"]: (n.get("Labels") or {{}}).get("ray.io/tpu-slice-name")
+                          for n in ray.nodes() if n["Alive"]}}))
+    """)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=ray_env(), capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_v4_16_slice_is_gang_scheduled_on_both_hosts(cluster, tmp_path):
+    step = Step(
+        "train/slice",
+        probe,
+        ProbeConfig(this_output(), tags=versioned(["v4-16"])),
+        resources=Resources(tpu="v4-16", env={"PROBE_RUN": "1"}),
+    )
+    prefix = tmp_path / "prefix"
+    report = run([step], prefix, cluster)
+    assert report.ok, {k: o.error for k, o in report.outcomes.items()}
+    (step_dir,) = prefix.glob("train/slice-*")
+    hosts = probes(step_dir)
+    assert len(hosts) == 2
+    labels = node_labels(cluster)
+    assert {labels[h["node_id"]] for h in hosts} == {"slice-a"}
+    assert len({h["node_id"] for h in hosts}) == 2, "both hosts of the slice, one task each"
+    assert sorted(h["env"]["DRYDOCK_TPU_HOST_ID"] for h in hosts) == ["0", "1"]
+    assert all(h["resources"]["TPU"] == 4 for h in hosts)
+    assert all(h["env"]["PROBE_RUN"] == "1" and h["env"]["DRYDOCK_TPU_TYPE"] == "v4-16" for h in hosts)
+    logs = sorted(p.name for p in (step_dir / ".logs").iterdir())
+    assert logs == ["attempt-1-slice-0-host-0.log", "attempt-1-slice-0-host-1.log"]
+
+
+def test_multislice_gets_megascale_coordinates(cluster, tmp_path):
+    step = Step(
+        "train/multislice", probe, ProbeConfig(this_output()), resources=Resources(tpu="v4-8", slices=2)
+    )
+    prefix = tmp_path / "prefix"
+    report = run([step], prefix, cluster)
+    assert report.ok, {k: o.error for k, o in report.outcomes.items()}
+    (step_dir,) = prefix.glob("train/multislice-*")
+    hosts = probes(step_dir)
+    assert len(hosts) == 2
+    labels = node_labels(cluster)
+    assert {labels[h["node_id"]] for h in hosts} == {"slice-b", "slice-c"}
+    assert sorted(h["env"]["MEGASCALE_SLICE_ID"] for h in hosts) == ["0", "1"]
+    assert {h["env"]["MEGASCALE_NUM_SLICES"] for h in hosts} == {"2"}
+    assert len({h["env"]["MEGASCALE_COORDINATOR_ADDRESS"] for h in hosts}) == 1
+    coordinator = hosts[0]["env"]["MEGASCALE_COORDINATOR_ADDRESS"]
+    assert coordinator.startswith("127.0.0.") and coordinator.endswith(":8081")
+
+
+EXPERIMENT = """
+from pipeline import Resources, Step, executor_main, this_output, versioned
+from tests.pipeline.run.backends.rayfns import ProbeConfig, probe
+
+config = ProbeConfig(this_output(), sleep=120, pid_file={pid_file!r}, tags=versioned(["cancel"]))
+step = Step("long/step", probe, config, resources=Resources(custom={{"zone": 1}}))
+if __name__ == "__main__":
+    executor_main([step])
+"""
+
+
+def wait_for_lines(path: Path, n: int, timeout: float = 120) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and len(lines := path.read_text().split("\n")[:-1]) >= n:
+            return lines
+        time.sleep(0.05)
+    raise AssertionError(f"{path} did not reach {n} lines")
+
+
+def pid_gone(pid: int, timeout: float = 30) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_ctrl_c_cancels_the_ray_task_and_releases_the_lease(cluster, tmp_path):
+    pid_file = tmp_path / "pids"
+    exp = tmp_path / "exp.py"
+    exp.write_text(EXPERIMENT.format(pid_file=str(pid_file)))
+    prefix = tmp_path / "prefix"
+    env = ray_env()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "run",
+            str(exp),
+            "--prefix",
+            str(prefix),
+            "--ray_address",
+            cluster,
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    worker_pid = int(wait_for_lines(pid_file, 1)[0].split()[0])
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    (step_dir,) = prefix.glob("long/step-*")
+    store = StepStore(LocalStorage())
+    assert [e.event for e in store.events(str(step_dir))] == [Event.RUNNING, Event.CANCELLED]
+    assert store.lease(str(step_dir)).released
+    assert pid_gone(worker_pid), "the Ray worker running the step was not stopped"
+
+
+def test_killed_node_is_preempted_and_the_step_retried_elsewhere(cluster, tmp_path):
+    pid_file = tmp_path / "pids"
+    step = Step(
+        "long/preempt",
+        probe,
+        ProbeConfig(this_output(), sleep=120, pid_file=str(pid_file)),
+        resources=Resources(custom={"zone": 1}),
+    )
+    prefix = tmp_path / "prefix"
+    box: dict = {}
+    thread = threading.Thread(target=lambda: box.update(report=run([step], prefix, cluster)), daemon=True)
+    thread.start()
+    _worker, raylet = map(int, wait_for_lines(pid_file, 1)[0].split())
+    os.kill(raylet, signal.SIGKILL)  # the node running the step dies
+    thread.join(240)
+    assert not thread.is_alive(), "the run did not finish after the node died"
+    report = box["report"]
+    assert report.ok, {k: o.error for k, o in report.outcomes.items()}
+    (step_dir,) = prefix.glob("long/preempt-*")
+    events = StepStore(LocalStorage()).events(str(step_dir))
+    assert [e.event for e in events] == [Event.RUNNING, Event.PREEMPTED, Event.RUNNING, Event.SUCCESS]
+    hosts = probes(step_dir)
+    assert len(hosts) == 1
+    assert len(wait_for_lines(pid_file, 2)) == 2

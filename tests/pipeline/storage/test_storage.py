@@ -1,0 +1,194 @@
+"""The commit protocol on real local disk and on memory://: leases, fencing, conditional commits."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import uuid
+
+import pytest
+
+from pipeline.core.lease import LeaseRecord, Owner
+from pipeline.core.records import Event, parse_status
+from pipeline.errors import StorageError
+from pipeline.storage.files import LocalStorage, open_storage
+from pipeline.storage.step_store import Acquired, AlreadyDone, Held, StepStore
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def other_owner(host: str = "elsewhere/0000") -> Owner:
+    # A runner on another host: its liveness cannot be checked, only its lease expiry.
+    return Owner(uuid.uuid4().hex[:12], host, 4242, None)
+
+
+@pytest.fixture(params=["local", "memory"])
+def step_dir(request, tmp_path) -> str:
+    if request.param == "local":
+        return str(tmp_path / "prefix" / "step-abc")
+    return f"memory://test-{uuid.uuid4().hex}/step-abc"
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def store(step_dir, clock) -> StepStore:
+    return StepStore(open_storage(step_dir), clock)
+
+
+def test_acquire_records_running_and_commit_writes_success(store, step_dir):
+    me = Owner.current()
+    taken = store.acquire(step_dir, me, ttl=60)
+    assert taken == Acquired(1)
+    assert [e.event for e in store.events(step_dir)] == [Event.RUNNING]
+    store.storage.write(f"{step_dir}/payload.txt", b"x")
+    assert store.commit(step_dir, me, 1)
+    record = store.record(step_dir)
+    assert record.succeeded
+    assert record.events[-1].token == 1
+    assert store.lease(step_dir).released
+
+
+def test_second_runner_sees_live_lease_as_held(store, step_dir):
+    a, b = other_owner("host-a/1"), other_owner("host-b/1")
+    assert isinstance(store.acquire(step_dir, a, ttl=60), Acquired)
+    held = store.acquire(step_dir, b, ttl=60)
+    assert isinstance(held, Held)
+    assert held.lease.run_id == a.run_id
+
+
+def test_expired_lease_is_taken_over_with_a_higher_token(store, step_dir, clock):
+    a, b = other_owner("host-a/1"), other_owner("host-b/1")
+    assert store.acquire(step_dir, a, ttl=60) == Acquired(1)
+    clock.now += 61
+    assert store.acquire(step_dir, b, ttl=60) == Acquired(2)
+    # The old holder can neither renew, nor commit, nor record a failure.
+    assert not store.renew(step_dir, a, 1, ttl=60)
+    assert not store.commit(step_dir, a, 1)
+    assert not store.append(step_dir, a, 1, Event.FAILED, "late")
+    assert [(e.event, e.token) for e in store.events(step_dir)] == [(Event.RUNNING, 1), (Event.RUNNING, 2)]
+    assert store.commit(step_dir, b, 2)
+    assert store.record(step_dir).succeeded
+
+
+def test_commit_refused_when_own_lease_expired_even_if_nobody_took_it(store, step_dir, clock):
+    a = other_owner("host-a/1")
+    store.acquire(step_dir, a, ttl=60)
+    clock.now += 61
+    assert not store.commit(step_dir, a, 1)
+    assert not store.record(step_dir).succeeded
+
+
+def test_renew_extends_the_lease(store, step_dir, clock):
+    a, b = other_owner("host-a/1"), other_owner("host-b/1")
+    store.acquire(step_dir, a, ttl=60)
+    clock.now += 50
+    assert store.renew(step_dir, a, 1, ttl=60)
+    clock.now += 50  # 100 s after acquiring, 50 s after renewing
+    assert isinstance(store.acquire(step_dir, b, ttl=60), Held)
+
+
+def test_acquire_after_success_reports_done(store, step_dir):
+    me = Owner.current()
+    store.acquire(step_dir, me, ttl=60)
+    store.commit(step_dir, me, 1)
+    assert isinstance(store.acquire(step_dir, other_owner(), ttl=60), AlreadyDone)
+
+
+def test_forced_rerun_runs_once_over_the_success_seen_at_plan_time(store, step_dir):
+    me = Owner.current()
+    store.acquire(step_dir, me, ttl=60)
+    store.commit(step_dir, me, 1)
+    seen = len(store.events(step_dir))
+    assert store.acquire(step_dir, me, ttl=60, rerun_after=seen) == Acquired(2)
+    store.commit(step_dir, me, 2)
+    # A second forced runner that planned from the same snapshot finds the newer SUCCESS.
+    assert isinstance(store.acquire(step_dir, other_owner(), ttl=60, rerun_after=seen), AlreadyDone)
+
+
+def test_token_survives_a_lost_lease_file(store, step_dir, clock):
+    a = other_owner("host-a/1")
+    store.acquire(step_dir, a, ttl=60)
+    store.storage.write(f"{step_dir}/.lease", b"")  # truncated by a crash
+    clock.now += 1
+    taken = store.acquire(step_dir, other_owner("host-b/1"), ttl=60)
+    assert taken == Acquired(2), "the next token must still exceed every token in .status"
+
+
+def test_lease_of_a_dead_process_on_this_host_is_stale_at_once(store, step_dir):
+    ctx = multiprocessing.get_context("fork")
+    proc = ctx.Process(target=os._exit, args=(0,))
+    proc.start()
+    proc.join()
+    me = Owner.current()
+    dead = Owner("deadbeef0000", me.host, proc.pid, None)
+    store.acquire(step_dir, dead, ttl=3600)
+    assert store.acquire(step_dir, me, ttl=60) == Acquired(2)
+
+
+def test_partial_last_status_line_is_ignored_and_corruption_is_reported(tmp_path):
+    good = b'{"event": "RUNNING", "token": 1, "time": 1.0}\n'
+    assert [e.event for e in parse_status(good + b'{"event": "SUC')] == [Event.RUNNING]
+    with pytest.raises(StorageError, match=r"line 2 is corrupt.*--force"):
+        parse_status(good + b"not json\n" + good, "x/.status")
+
+
+def test_status_is_append_only_on_local_disk(tmp_path):
+    step_dir = str(tmp_path / "s")
+    store = StepStore(LocalStorage())
+    me = Owner.current()
+    store.acquire(step_dir, me, ttl=60)
+    inode = os.stat(f"{step_dir}/.status").st_ino
+    store.commit(step_dir, me, 1)
+    assert os.stat(f"{step_dir}/.status").st_ino == inode
+    with open(f"{step_dir}/.status") as f:
+        lines = f.read().splitlines()
+    assert [json.loads(line)["event"] for line in lines] == [Event.RUNNING, Event.SUCCESS]
+
+
+def _race(step_dir: str, results: multiprocessing.Queue) -> None:
+    store = StepStore(LocalStorage())
+    me = Owner.current()
+    taken = store.acquire(step_dir, me, ttl=60)
+    if isinstance(taken, Acquired):
+        store.storage.write(f"{step_dir}/out-{os.getpid()}", b"x")
+        store.commit(step_dir, me, taken.token)
+    results.put(type(taken).__name__)
+
+
+def test_many_processes_race_for_one_lease_exactly_one_wins(tmp_path):
+    step_dir = str(tmp_path / "race")
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_race, args=(step_dir, results)) for _ in range(8)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    outcomes = sorted(results.get() for _ in procs)
+    assert outcomes.count("Acquired") == 1, outcomes
+    events = StepStore(LocalStorage()).events(step_dir)
+    assert [e.event for e in events] == [Event.RUNNING, Event.SUCCESS]
+
+
+def test_unwritable_prefix_is_a_clear_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(StorageError, match="cannot be created"):
+        LocalStorage().check_writable(str(blocker / "prefix"))
+
+
+def test_lease_record_parse_tolerates_garbage():
+    assert LeaseRecord.parse(b"") is None
+    assert LeaseRecord.parse(b'{"token": 1') is None
+    assert LeaseRecord.parse(b'{"unexpected": 1}') is None
