@@ -31,10 +31,6 @@ class StorageError(DrydockError):
     """The prefix cannot be read or written, or its metadata is corrupt."""
 
 
-class LeaseLostError(Exception):
-    """This runner no longer holds a step's lease; its result must not be committed."""
-
-
 class StepCancelled(BaseException):
     """Raised inside a running step function to stop it (lease lost or the run interrupted).
 

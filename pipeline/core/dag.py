@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -278,12 +278,6 @@ def labels_matching(dag: Dag, pattern: str | None) -> set[str]:
             None, f"invalid regular expression {pattern!r}: {e}", field="only/force"
         ) from e
     return {label for label, node in dag.nodes.items() if regex.search(node.name)}
-
-
-def iter_labels(dag: Dag, labels: Iterable[str]) -> list[str]:
-    """`labels` in the DAG's topological order."""
-    wanted = set(labels)
-    return [label for label in dag.nodes if label in wanted]
 
 
 def resolved_config(dag: Dag, label: str) -> Any:

@@ -22,10 +22,10 @@ from typing import Any
 
 from pipeline.core import graph
 from pipeline.core.dag import Dag, labels_matching
+from pipeline.core.drift import config_drift
 from pipeline.core.lease import is_stale, pid_alive
 from pipeline.core.records import Event, StepRecord
 from pipeline.errors import StepDeclarationError, StorageError
-from pipeline.run.provenance import config_drift
 
 __all__ = ["Plan", "State", "StepPlan", "make_plan"]
 

@@ -14,13 +14,10 @@ import html
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from pipeline.core.plan import Plan
-
 __all__ = [
     "STATE_COLORS",
     "DagNode",
     "layout",
-    "nodes_from_plan",
     "state_color",
     "to_dot",
     "to_html",
@@ -66,15 +63,6 @@ _UNKNOWN = ("#ffffff", "#616161")
 def state_color(state: str) -> tuple[str, str]:
     """(fill, border) colours of `state`; unknown states are white with a grey border."""
     return STATE_COLORS.get(state, _UNKNOWN)
-
-
-def nodes_from_plan(plan: Plan, states: Mapping[str, str] | None = None) -> list[DagNode]:
-    """Nodes of a plan, coloured by its planned states or by `states` (label -> state)."""
-    out = []
-    for label, sp in plan.steps.items():
-        state = (states or {}).get(label, sp.state.value)
-        out.append(DagNode(label, sp.name, state, sp.deps, f"{sp.output_path}\n{sp.reason}"))
-    return out
 
 
 def _check(nodes: Sequence[DagNode]) -> dict[str, DagNode]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core.dag import Dag
+from pipeline.core.drift import MISSING, json_diff, short
 from pipeline.core.identity import HASH_CHARS
 from pipeline.core.plan import Plan, State
 from pipeline.storage.files import Storage
@@ -41,7 +42,7 @@ MAX_DEPTH = 32
 MAX_CANDIDATES = 64
 """Most other runs of one step that the plan's one-line form reads (a bound on planning time)."""
 
-_MISSING = object()
+_MISSING = MISSING
 
 
 @dataclass(frozen=True)
@@ -122,8 +123,7 @@ class Explanation:
 
 
 def _short(value: Any, width: int = 48) -> str:
-    text = "(absent)" if value is _MISSING else repr(value)
-    return text if len(text) <= width else text[: width - 1] + "…"
+    return short(value, width)
 
 
 def diff_payloads(
@@ -161,19 +161,7 @@ def diff_payloads(
 def _value_changes(path: str, old: Any, new: Any) -> list[Change]:
     """A versioned value that is a whole dataclass, dict or list is diffed field by field
     (`optimizer.learning_rate 0.003→0.001`, not two dicts)."""
-    if old == new:
-        return []
-    if isinstance(old, dict) and isinstance(new, dict):
-        out = []
-        for key in sorted(set(old) | set(new), key=str):
-            out.extend(_value_changes(f"{path}.{key}", old.get(key, _MISSING), new.get(key, _MISSING)))
-        return out
-    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
-        out = []
-        for i, (a, b) in enumerate(zip(old, new, strict=True)):
-            out.extend(_value_changes(f"{path}.{i}", a, b))
-        return out
-    return [Change("versioned", path, old, new)]
+    return [Change("versioned", p, a, b) for p, a, b in json_diff(old, new, path)]
 
 
 def _leaves(path: str, value: Any) -> list[tuple[str, Any]]:

@@ -16,16 +16,14 @@ import os
 import platform
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from pipeline.core.configs import to_plain
 from pipeline.core.dag import Dag, fn_import_path, resolved_config
-from pipeline.core.identity import relativize
 
 __all__ = [
     "code_fingerprint",
-    "config_drift",
     "environment_info",
     "step_info",
 ]
@@ -98,56 +96,6 @@ def _source_file(fn: Callable[..., Any]) -> str | None:
         return _source_file_cached(fn)
     except TypeError:
         return None
-
-
-def config_drift(
-    stored: Mapping[str, Any] | None, current: Mapping[str, Any], *, limit: int = 5
-) -> list[str]:
-    """Human notes on how a cached step's recorded config and code differ from the current ones."""
-    if stored is None:
-        return ["metadata missing (.step.json); identity matches"]
-    # A hand-edited file may be any JSON: never trust its shape (identity is in the path anyway).
-    if not isinstance(stored, Mapping) or stored.get("__corrupt__"):
-        return [".step.json is unreadable; identity matches"]
-    notes = []
-    old_fn, new_fn = stored.get("fn"), current["fn"]
-    old_fn = old_fn if isinstance(old_fn, Mapping) else {}
-    if old_fn.get("fingerprint") and old_fn.get("fingerprint") != new_fn["fingerprint"]:
-        notes.append(f"code of `{new_fn['import_path'].rsplit(':', 1)[-1]}` changed since")
-    old_prefix = stored.get("prefix")
-    old_cfg = relativize(stored.get("config", {}), old_prefix if isinstance(old_prefix, str) else "")
-    new_cfg = relativize(current["config"], current["prefix"])
-    changes = _diff(old_cfg, new_cfg, "")
-    for path, old, new in changes[:limit]:
-        notes.append(f"unversioned field `{path}` {_short(old)}→{_short(new)}")
-    if len(changes) > limit:
-        notes.append(f"... and {len(changes) - limit} more unversioned changes")
-    return notes
-
-
-_MISSING = object()
-
-
-def _diff(old: Any, new: Any, path: str) -> list[tuple[str, Any, Any]]:
-    if isinstance(old, dict) and isinstance(new, dict):
-        out = []
-        for key in sorted(set(old) | set(new), key=str):
-            if key == "__class__" and old.get(key) == new.get(key):
-                continue
-            sub = f"{path}.{key}" if path else str(key)
-            out.extend(_diff(old.get(key, _MISSING), new.get(key, _MISSING), sub))
-        return out
-    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
-        out = []
-        for i, (a, b) in enumerate(zip(old, new, strict=True)):
-            out.extend(_diff(a, b, f"{path}.{i}" if path else str(i)))
-        return out
-    return [] if old == new else [(path or "<config>", old, new)]
-
-
-def _short(value: Any, width: int = 40) -> str:
-    text = "(absent)" if value is _MISSING else repr(value)
-    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 @functools.lru_cache(maxsize=8)

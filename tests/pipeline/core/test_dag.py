@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.core.dag import Dag, build_dag, fn_import_path, iter_labels, join_path, labels_matching
+from pipeline.core.dag import Dag, build_dag, fn_import_path, join_path, labels_matching
 from pipeline.errors import DrydockError, GraphError, StepDeclarationError
 from pipeline.step import OutputOf, Resources, Step, output_of, this_output, versioned
 from tests.pipeline.stepfns import WriteConfig, write_value
@@ -510,14 +510,13 @@ def test_join_path() -> None:
     assert join_path("/runs", "a-123") == "/runs/a-123"
 
 
-def test_labels_matching_and_iter_labels() -> None:
+def test_labels_matching() -> None:
     a, b = mk("raw/a"), mk("raw/b")
     c = mk("train/c", 0, output_of(a), output_of(b))
     dag = build_dag([c], PREFIX)
     names = by_name(dag)
     assert labels_matching(dag, "^raw/") == {names["raw/a"], names["raw/b"]}
     assert labels_matching(dag, None) == set()
-    assert iter_labels(dag, [names["train/c"], names["raw/a"]]) == [names["raw/a"], names["train/c"]]
     with pytest.raises(StepDeclarationError, match=r"field `only/force`: invalid regular expression"):
         labels_matching(dag, "(")
 
