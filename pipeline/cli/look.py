@@ -17,6 +17,7 @@ import contextlib
 import json
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -135,9 +136,7 @@ def _status(target: str, argv: Sequence[str]) -> int:
 
 
 def _status_document(source: _Source, rows: list[StepStatus], now: float) -> dict[str, Any]:
-    counts: dict[str, int] = {}
-    for row in rows:
-        counts[row.state] = counts.get(row.state, 0) + 1
+    counts = dict(Counter(str(row.state) for row in rows))
     steps = []
     for shown, row in zip(status_json(rows, now), rows, strict=True):
         entry = {**source.planned.get(row.entry.label, {}), **shown, "deps": list(row.entry.deps)}

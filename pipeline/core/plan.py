@@ -15,6 +15,7 @@ States:
 from __future__ import annotations
 
 import enum
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -86,10 +87,7 @@ class Plan:
         return [label for label, sp in self.steps.items() if sp.state in states]
 
     def counts(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for sp in self.steps.values():
-            out[sp.state.value] = out.get(sp.state.value, 0) + 1
-        return out
+        return dict(Counter(sp.state.value for sp in self.steps.values()))
 
     def subset(self, labels: set[str], reason: str = "not selected") -> Plan:
         """A new plan in which steps outside `labels` are SKIPPED."""

@@ -11,6 +11,7 @@ JavaScript, no Graphviz binary.
 from __future__ import annotations
 
 import html
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -268,9 +269,7 @@ def _legend(states: Iterable[str]) -> str:
 
 def to_html(nodes: Sequence[DagNode], title: str = "Drydock DAG") -> str:
     """One self-contained HTML page: a title, a legend of the states present, and the SVG."""
-    counts: dict[str, int] = {}
-    for node in nodes:
-        counts[node.state] = counts.get(node.state, 0) + 1
+    counts = Counter(node.state for node in nodes)
     summary = ", ".join(f"{n} {s.lower()}" for s, n in counts.items())
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"/>'

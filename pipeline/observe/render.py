@@ -5,6 +5,7 @@ The status table lives in `pipeline.observe.status`, DAG pictures in `pipeline.o
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -57,9 +58,7 @@ def plan_table(plan: Plan, title: str = "Plan", explanations: Mapping[str, str] 
 
 def run_summary(report: RunReport) -> Table:
     """The end-of-run table: final state, duration and error of every step."""
-    counts: dict[str, int] = {}
-    for o in report.outcomes.values():
-        counts[o.state.value] = counts.get(o.state.value, 0) + 1
+    counts = Counter(o.state.value for o in report.outcomes.values())
     summary = ", ".join(f"{n} {s.lower()}" for s, n in counts.items())
     table = Table(title=f"Run — {summary}", title_justify="left")
     table.add_column("state", no_wrap=True)

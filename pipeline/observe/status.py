@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,8 +28,8 @@ from rich.table import Table
 from rich.text import Text
 
 from pipeline.core.dag import Dag
-from pipeline.core.lease import is_stale
 from pipeline.core.records import Event, StatusEvent
+from pipeline.observe.live import Shown, live_state, runner_gone
 from pipeline.observe.metrics import METRICS_FILE
 from pipeline.storage.files import LocalStorage
 from pipeline.storage.step_store import StepStore
@@ -125,20 +126,20 @@ def read_status(
 
 def _status(entry: StepEntry, store: StepStore, now: float, local_host: str) -> StepStatus:
     record = store.record(entry.output_path, with_metadata=False)
-    if record.corrupt:
-        return StepStatus(entry, "CORRUPT", detail=record.corrupt)
+    stale = runner_gone(record, now, local_host)
+    state = live_state(record, stale=stale)
+    if state == Shown.CORRUPT:
+        return StepStatus(entry, state, detail=record.corrupt or "")
     last = record.last
     if last is None:
-        return StepStatus(entry, "NOT STARTED")
+        return StepStatus(entry, state)
     runs = [e for e in record.events if e.event == Event.RUNNING]
     latest_run = runs[-1] if runs else None
-    state, detail, holder = last.event, "", ""
-    if state == Event.RUNNING:
-        lease = record.lease
-        if is_stale(lease, now, local_host):
-            state, detail = "STALE", "RUNNING, but its runner is gone (its lease is stale)"
-        elif lease is not None:
-            holder = f"pid {lease.pid} on {lease.host.split('/')[0]}"
+    detail, holder = "", ""
+    if stale:
+        detail = "RUNNING, but its runner is gone (its lease is stale)"
+    elif state == Event.RUNNING and record.lease is not None:
+        holder = f"pid {record.lease.pid} on {record.lease.host.split('/')[0]}"
     attempt = None
     if latest_run is not None:
         attempt = int(latest_run.data.get("attempt", len(runs))) if latest_run.data else len(runs)
@@ -269,9 +270,7 @@ def _last_event_text(row: StepStatus, now: float) -> str:
 
 def status_table(rows: Sequence[StepStatus], *, now: float, title: str = "Status") -> Table:
     """One row per step: state, attempt, duration, last event and its age, progress, output."""
-    counts: dict[str, int] = {}
-    for row in rows:
-        counts[row.state] = counts.get(row.state, 0) + 1
+    counts = Counter(row.state for row in rows)
     summary = ", ".join(f"{n} {s.lower()}" for s, n in counts.items())
     table = Table(title=f"{title} — {len(rows)} steps ({summary})", title_justify="left")
     table.add_column("step", no_wrap=True)

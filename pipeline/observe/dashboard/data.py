@@ -22,14 +22,17 @@ import json
 import math
 import re
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core.identity import HASH_CHARS
-from pipeline.core.lease import LeaseRecord, host_id, is_stale
+from pipeline.core.lease import LeaseRecord, host_id
 from pipeline.core.records import Event, StatusEvent, StepRecord
+from pipeline.observe import live
+from pipeline.observe.live import runner_gone
 from pipeline.observe.metrics import METRICS_FILE, parse_metrics
 from pipeline.storage.files import Storage
 from pipeline.storage.layout import HIDDEN_FILES
@@ -153,10 +156,7 @@ def _manifest_dir(prefix: str) -> str:
 
 
 def _summary(manifest_id: str, manifest: Mapping[str, Any]) -> ExperimentSummary:
-    counts: dict[str, int] = {}
-    for step in manifest.get("steps", []):
-        state = str(step.get("state", "UNKNOWN"))
-        counts[state] = counts.get(state, 0) + 1
+    counts = dict(Counter(str(step.get("state", "UNKNOWN")) for step in manifest.get("steps", [])))
     return ExperimentSummary(
         id=manifest_id,
         experiment=str(manifest.get("experiment", manifest_id)),
@@ -201,28 +201,11 @@ def list_experiments(storage: Storage, prefix: str) -> list[ExperimentSummary]:
     return sorted(out, key=lambda s: (-(s.updated or 0.0), s.id))
 
 
-def runner_gone(record: StepRecord, now: float, local_host: str) -> bool:
-    """Whether a step whose last state is RUNNING has lost its runner, as `drydock status` decides:
-    its lease is absent, released or expired, or held by a dead process on this very host."""
-    return record.state == Event.RUNNING and is_stale(record.lease, now, local_host)
-
-
 def live_state(manifest_state: str, record: StepRecord, stale: bool) -> str:
-    """The state to show: storage's word where it has one, the manifest's otherwise.
-
-    The manifest is written when a run starts and when it ends, so during a run it holds planned
-    states (RUN, WAIT); `.status` is updated as steps go. A RUNNING step whose runner is gone
-    (`stale`) is shown STALE: the next run takes it over. An unreadable `.status` is CORRUPT.
-    """
-    if record.corrupt:
-        return "CORRUPT"
-    if record.state is None:
-        return manifest_state
-    if record.state == Event.SUCCESS:
-        return "CACHED" if manifest_state == "CACHED" else "SUCCEEDED"
-    if stale:
-        return "STALE"
-    return record.state
+    """The state to show for a step of a run (`pipeline.observe.live`): storage's word where it
+    has one, the manifest's otherwise. The manifest is written when a run starts and when it ends,
+    so during a run it holds planned states (RUN, WAIT); `.status` is updated as steps go."""
+    return live.live_state(record, stale=stale, planned=manifest_state)
 
 
 def read_progress(storage: Storage, directory: str, events: Sequence[StatusEvent]) -> Progress | None:
@@ -473,7 +456,4 @@ def read_log(storage: Storage, prefix: str, label: str, name: str) -> tuple[str,
 
 def state_counts(rows: Sequence[StepRow]) -> dict[str, int]:
     """Steps per shown state, for an experiment's header."""
-    counts: dict[str, int] = {}
-    for row in rows:
-        counts[row.state] = counts.get(row.state, 0) + 1
-    return counts
+    return dict(Counter(str(row.state) for row in rows))
