@@ -189,27 +189,33 @@ def evaluate(config: EvaluateConfig) -> dict[str, Any]:
     return result
 
 
-def report(config: EvaluateConfig) -> str | None:
-    """The end-of-run summary (pipeline.run.hooks): the evaluation table and where the plot is."""
+def report(config: EvaluateConfig) -> dict[str, Any] | None:
+    """The end-of-run summary (pipeline.run.hooks), also shown on the dashboard: the evaluation
+    table (a list of rows) and where the checkpoint and the loss plot are."""
     path = os.path.join(config.output, "results.json")
     if not exists(path):
         return None
     with fsspec.open(path, "r") as f:
         result = json.load(f)
-    rows = [*result["validation_sets"].items(), ("average", result["average"])]
-    width = max(len("validation set"), *(len(name) for name, _ in rows))
-    lines = [f"  {'validation set':<{width}}  {'loss':>7}  {'bits/byte':>9}  {'perplexity':>10}"]
-    for name, values in rows:
+    rows = []
+    for name, values in [*result["validation_sets"].items(), ("average", result["average"])]:
         bpb = values.get("bits_per_byte")
-        lines.append(
-            f"  {name:<{width}}  {values['loss']:>7.3f}  {'-' if bpb is None else f'{bpb:.3f}':>9}"
-            f"  {values['perplexity']:>10.2f}"
+        rows.append(
+            {
+                "validation set": name,
+                "loss": f"{values['loss']:.3f}",
+                "bits/byte": "-" if bpb is None else f"{bpb:.3f}",
+                "perplexity": f"{values['perplexity']:.2f}",
+            }
         )
-    lines.append(f"  checkpoint: step {result['checkpoint_step']} ({result['checkpoint']})")
+    out: dict[str, Any] = {
+        "validation sets": rows,
+        "checkpoint": f"step {result['checkpoint_step']} ({result['checkpoint']})",
+    }
     plot = os.path.join(config.output, "loss.png")
     if exists(plot):
-        lines.append(f"  loss plot:  {plot}")
-    return "\n".join(lines)
+        out["loss plot"] = plot
+    return out
 
 
 def plot_loss(metrics_path: str, png_path: str, eval_step: int, sets: dict[str, dict[str, Any]]) -> None:

@@ -63,7 +63,8 @@ class StatusEvent:
             raw["message"] = self.message
         if self.data:
             raw["data"] = dict(self.data)
-        return json.dumps(raw, sort_keys=True).encode() + b"\n"
+        # Keys of the line sorted; inside `data` in the writer's order (a report's table columns).
+        return json.dumps({k: raw[k] for k in sorted(raw)}).encode() + b"\n"
 
 
 def last_state(events: tuple[StatusEvent, ...]) -> StatusEvent | None:

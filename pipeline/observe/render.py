@@ -16,7 +16,7 @@ from rich.text import Text
 from pipeline.core.plan import Plan, State
 from pipeline.core.report import RunReport
 
-__all__ = ["format_preview", "plan_table", "print_table", "run_summary"]
+__all__ = ["format_preview", "is_table", "plan_table", "print_table", "run_summary"]
 
 _STYLE = {
     State.CACHED: "green",
@@ -83,13 +83,49 @@ def print_table(table: Table, *, stderr: bool = False) -> None:
     Console(stderr=stderr, width=None if stderr else 200, soft_wrap=False).print(table)
 
 
+def is_table(value: Any) -> bool:
+    """Whether a report value is a table: a non-empty list of mappings (rows) with the same keys."""
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(row, Mapping) for row in value)
+        and all(list(row) == list(value[0]) for row in value)
+    )
+
+
 def format_preview(preview: str | Mapping[str, Any]) -> str:
-    """A preview or report as text: strings as they are, mappings as aligned `key: value` lines."""
+    """A preview or report as text.
+
+    A string as it is. A mapping: its tables (values that are lists of rows, see `is_table`) as
+    aligned columns, the first column left-aligned; then its other entries as `key: value` lines.
+    The dashboard renders the same structure as HTML (`pipeline.observe.dashboard`).
+    """
     if isinstance(preview, str):
         return preview
-    width = max(len(str(k)) for k in preview)
-    lines = []
-    for key, value in preview.items():
+    lines: list[str] = []
+    for value in preview.values():
+        if is_table(value):
+            lines.extend(_table_lines(value))
+    plain = {k: v for k, v in preview.items() if not is_table(v)}
+    width = max((len(str(k)) for k in plain), default=0)
+    for key, value in plain.items():
         shown = f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
         lines.append(f"  {str(key) + ':':<{width + 1}} {shown}")
     return "\n".join(lines)
+
+
+def _table_lines(rows: list[Mapping[str, Any]]) -> list[str]:
+    columns = list(rows[0])
+    cells = [
+        [str(c) for c in columns],
+        *[["" if row[c] is None else str(row[c]) for c in columns] for row in rows],
+    ]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    return [
+        "  "
+        + "  ".join(
+            cell.ljust(w) if i == 0 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(line, widths, strict=True))
+        )
+        for line in cells
+    ]

@@ -33,6 +33,7 @@ from fastapi.templating import Jinja2Templates
 from pipeline.errors import StorageError
 from pipeline.observe.dag_render import DagNode, state_color, to_svg
 from pipeline.observe.dashboard import data
+from pipeline.observe.render import is_table
 from pipeline.storage.files import open_storage
 from pipeline.storage.step_store import StepStore
 
@@ -152,7 +153,12 @@ def create_app(prefix: str) -> FastAPI:
     templates = Jinja2Templates(directory=os.path.join(HERE, "templates"))
     env = templates.env
     env.filters.update(
-        time=_fmt_time, duration=_fmt_duration, number=_fmt_number, pretty=_pretty, progress=_fmt_progress
+        time=_fmt_time,
+        duration=_fmt_duration,
+        number=_fmt_number,
+        pretty=_pretty,
+        progress=_fmt_progress,
+        is_table=is_table,
     )
     # Links are paths, not absolute URLs: they keep working through an SSH tunnel or a proxy.
     env.globals.update(prefix=prefix, state_color=_badge_color, path_for=app.url_path_for)

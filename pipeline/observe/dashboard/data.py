@@ -326,6 +326,9 @@ class StepDetail:
     """RUNNING, but its runner is gone (see `runner_gone`)."""
     progress: Progress | None = None
     """The latest attempt's progress report."""
+    report: str | Mapping[str, Any] | None = None
+    """What the step's `report` hook said when it succeeded (recorded with its SUCCESS event):
+    text, or a mapping of values and tables (lists of rows), rendered whatever the step kind."""
 
 
 def step_dir(prefix: str, label: str) -> str:
@@ -394,6 +397,15 @@ def read_results(storage: Storage, directory: str) -> EvalResults | None:
     )
 
 
+def recorded_report(record: StepRecord) -> str | Mapping[str, Any] | None:
+    """The report recorded with the step's last SUCCESS, if it is one and has one."""
+    last = record.last
+    if last is None or last.event != Event.SUCCESS or not isinstance(last.data, Mapping):
+        return None
+    report = last.data.get("report")
+    return report if isinstance(report, str | Mapping) and report else None
+
+
 def _log_order(name: str) -> tuple[int, str]:
     match = _LOG_TOKEN.match(name)
     return (int(match.group(1)) if match else -1, name)
@@ -415,9 +427,12 @@ def read_step(store: StepStore, prefix: str, label: str, now: float | None = Non
     )
     problems = []
     metrics = results = None
+    report = recorded_report(record)
     if METRICS_FILE in entries:
         metrics = read_metrics(storage, directory)
-    if RESULTS_FILE in entries:
+    # An evaluation's recorded report shows its table; results.json is read for runs recorded
+    # before steps recorded their reports.
+    if RESULTS_FILE in entries and report is None:
         try:
             results = read_results(storage, directory)
         except (ValueError, AttributeError) as e:
@@ -438,6 +453,7 @@ def read_step(store: StepStore, prefix: str, label: str, now: float | None = Non
         problems=tuple(problems),
         stale=runner_gone(record, now, host_id()),
         progress=read_progress(storage, directory, record.events),
+        report=report,
     )
 
 

@@ -217,3 +217,38 @@ def test_unreadable_prefix_is_a_clear_error(tmp_path):
         assert api.status_code == 503 and "Is a directory" in api.json()["error"]
     finally:
         stop(server)
+
+
+def test_a_step_kind_the_dashboard_has_no_code_for_shows_its_report(tmp_path):
+    """The report a step declares is recorded with its SUCCESS and rendered generically."""
+    from pipeline import ExecutorMainConfig, Step, output_of, run_experiment, this_output, versioned
+    from pipeline.storage.files import LocalStorage
+    from pipeline.storage.step_store import StepStore
+    from tests.pipeline.observe.dashboard.fixture_steps import (
+        CorpusConfig,
+        ScoreConfig,
+        score_tiny,
+        write_corpus,
+    )
+
+    prefix = str(tmp_path / "prefix")
+    corpus = Step("data/corpus", write_corpus, CorpusConfig(this_output(), versioned(3)))
+    score = Step("score/tiny", score_tiny, ScoreConfig(output_of(corpus), this_output()))
+    report = run_experiment([score], ExecutorMainConfig(prefix=prefix, backend="local"))
+    assert report.ok
+    label = next(label for label, node in report.plan.dag.nodes.items() if node.name == "score/tiny")
+    (success,) = [e for e in StepStore(LocalStorage()).events(f"{prefix}/{label}") if e.event == "SUCCESS"]
+    assert success.data["report"]["tasks scored"] == 2
+    server = start_dashboard(prefix)
+    try:
+        page = get(server, f"/steps/{label}").text
+    finally:
+        stop(server)
+    table = page[page.index('<table class="grid report-table" data-name="tasks">') :]
+    table = table[: table.index("</table>")]
+    assert re.findall(r"<th>(\w+)</th>", table) == ["task", "accuracy"]
+    assert re.findall(r"<tr><td>(\w+)</td><td>([\d.]+)</td></tr>", table) == [
+        ("arith", "0.75"),
+        ("prose", "0.5"),
+    ]
+    assert "<th>tasks scored</th><td>2</td>" in page
