@@ -28,6 +28,7 @@ import pytest
 
 from pipeline.core.lease import Owner
 from pipeline.core.records import Event
+from pipeline.observe.render import format_preview
 from pipeline.run import step_events
 from pipeline.storage.files import open_storage
 from pipeline.storage.step_store import StepStore
@@ -270,7 +271,7 @@ def test_evaluate_finds_checkpoints_and_writes_its_files_by_url(url, tmp_path):
         "average": {"loss": 2.4, "bits_per_byte": 0.9, "perplexity": 11.0},
     }
     write_file(f"{output}/results.json", json.dumps(result).encode())
-    text = evaluate_report(config)
+    text = format_preview(evaluate_report(config))  # as the end-of-run summary prints it
     assert "prose" in text and "2.400" in text and f"loss plot:  {output}/loss.png" in text
 
 
