@@ -15,18 +15,15 @@ Both directories may be URLs (gs://, s3://): every file is read and written thro
 from __future__ import annotations
 
 import dataclasses
-import io
-import json
 import math
 import os
 import time
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec
-
 from pipeline import Resources, Step, output_of, step_function, this_output, versioned
-from steps.metrics import exists
+from steps.checkpoints import checkpoint_at, checkpoints_dir, latest_checkpoint
+from steps.files import exists, read_json, save_figure, write_json
 
 __all__ = ["EvaluateConfig", "evaluate", "evaluate_step"]
 
@@ -81,24 +78,19 @@ def evaluate_step(
 
 def _checkpoint(config: EvaluateConfig) -> tuple[str, int]:
     """The checkpoint to evaluate (a path or URL, like `config.train`) and its step."""
-    # Levanter's discovery lists and reads through fsspec, so URLs work; it returns them as URLs.
-    from levanter.checkpoint import discover_latest_checkpoint
-
-    root = os.path.join(config.train, "checkpoints")
-    fs, plain = fsspec.core.url_to_fs(root)
-    fs.invalidate_cache()  # a training still going writes checkpoints this process has not listed
+    root = checkpoints_dir(config.train)
     if config.checkpoint_step is not None:
-        path = os.path.join(root, f"step-{config.checkpoint_step}")
-        if not exists(os.path.join(path, "metadata.json")):
-            raise FileNotFoundError(
-                f"checkpoint_step {config.checkpoint_step}: no complete checkpoint at {path}"
-            )
-    else:
-        path = discover_latest_checkpoint(root) if fs.exists(plain) else None
+        path = checkpoint_at(root, config.checkpoint_step)
         if path is None:
-            raise FileNotFoundError(f"no complete checkpoint under {root} yet")
-    with fsspec.open(os.path.join(path, "metadata.json"), "r") as f:
-        return path, int(json.load(f)["step"])
+            raise FileNotFoundError(
+                f"checkpoint_step {config.checkpoint_step}: no complete checkpoint at "
+                f"{root}/step-{config.checkpoint_step}"
+            )
+        return path, config.checkpoint_step
+    found = latest_checkpoint(root)
+    if found is None:
+        raise FileNotFoundError(f"no complete checkpoint under {root} yet")
+    return found
 
 
 def evaluate(config: EvaluateConfig) -> dict[str, Any]:
@@ -118,12 +110,10 @@ def evaluate(config: EvaluateConfig) -> dict[str, Any]:
     from levanter.trainer import TrainerConfig
     from levanter.utils.tree_utils import inference_mode
 
-    from steps.metrics import write_file
     from steps.mixture import load_data_config
 
     data = load_data_config(config.data)
-    with fsspec.open(os.path.join(config.train, "levanter_model.json"), "r") as f:
-        model_config = draccus.decode(LmConfig, json.load(f))
+    model_config = draccus.decode(LmConfig, read_json(os.path.join(config.train, "levanter_model.json")))
     if isinstance(model_config, MixtralConfig):
         # Mixtral adds its auxiliary router losses to every position's loss: evaluate pure cross-entropy.
         model_config = dataclasses.replace(model_config, lbl_coef=None, rzl_coef=None)
@@ -182,7 +172,7 @@ def evaluate(config: EvaluateConfig) -> dict[str, Any]:
         "average": average,
         "seconds": time.time() - started,
     }
-    write_file(os.path.join(config.output, "results.json"), json.dumps(result, indent=2).encode())
+    write_json(os.path.join(config.output, "results.json"), result)
     plot_loss(
         os.path.join(config.train, "metrics.jsonl"), os.path.join(config.output, "loss.png"), step, sets
     )
@@ -195,8 +185,7 @@ def report(config: EvaluateConfig) -> dict[str, Any] | None:
     path = os.path.join(config.output, "results.json")
     if not exists(path):
         return None
-    with fsspec.open(path, "r") as f:
-        result = json.load(f)
+    result = read_json(path)
     rows = []
     for name, values in [*result["validation_sets"].items(), ("average", result["average"])]:
         bpb = values.get("bits_per_byte")
@@ -229,7 +218,7 @@ def plot_loss(metrics_path: str, png_path: str, eval_step: int, sets: dict[str, 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from steps.metrics import read_metrics, write_file
+    from steps.metrics import read_metrics
 
     steps, losses, eval_steps, eval_losses = [], [], [], []
     for record in read_metrics(metrics_path):
@@ -250,10 +239,8 @@ def plot_loss(metrics_path: str, png_path: str, eval_step: int, sets: dict[str, 
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    png = io.BytesIO()
-    fig.savefig(png, format="png")
+    save_figure(fig, png_path)
     plt.close(fig)
-    write_file(png_path, png.getvalue())
 
 
 step_function(evaluate, report=report)

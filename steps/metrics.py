@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import json
 import logging
-import posixpath
 import threading
 import time
 from types import TracebackType
 from typing import Any
 
 import fsspec
-from fsspec.implementations.local import LocalFileSystem
 
 from pipeline.observe.metrics import ALIASES, parse_metrics
+from steps.files import write_file
 
 logger = logging.getLogger(__name__)
 
@@ -26,44 +25,10 @@ __all__ = [
     "ALIASES",
     "MetricsUploader",
     "begin_metrics",
-    "exists",
-    "local_path",
     "publish_metrics",
     "read_metrics",
-    "write_file",
     "write_metrics",
 ]
-
-# -- files by path or URL ------------------------------------------------------------------------------
-
-
-def local_path(path: str) -> str | None:
-    """`path` as a path on this machine's disk (a plain path or a file:// URL), or None for any
-    other URL (gs://, s3://, memory://...), where files can only be replaced whole."""
-    fs, plain = fsspec.core.url_to_fs(path)
-    return plain if isinstance(fs, LocalFileSystem) else None
-
-
-def exists(path: str) -> bool:
-    """Whether a file or directory exists at `path` (a path or URL)."""
-    fs, plain = fsspec.core.url_to_fs(path)
-    return fs.exists(plain)
-
-
-def write_file(path: str, data: bytes) -> None:
-    """Replace the file at `path` (a path or URL) with `data`; its directory is created if needed.
-
-    Readers never see half a file: on local disk it is written beside and renamed into place, and
-    an object store replaces an object whole.
-    """
-    fs, plain = fsspec.core.url_to_fs(path)
-    if not isinstance(fs, LocalFileSystem):
-        fs.pipe_file(plain, data)  # object stores have no directories to create
-        return
-    fs.makedirs(posixpath.dirname(plain), exist_ok=True)
-    with fs.open(plain + ".tmp", "wb") as f:
-        f.write(data)
-    fs.mv(plain + ".tmp", plain)
 
 
 def read_metrics(path: str, *, up_to: int | None = None) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ from typing import Any
 import fsspec
 
 from pipeline import Resources, Step, output_of, step_function, this_output, versioned
+from steps.files import write_text
 
 __all__ = ["MixtureConfig", "MixtureError", "load_data_config", "mixture", "mixture_step", "plan_mixture"]
 
@@ -212,7 +213,7 @@ def mixture(config: MixtureConfig) -> None:
             )
     print(format_mixture(plan, train_tokens), flush=True)
     data_config = _data_config(config, plan, tokenizers.pop())
-    _write(f"{config.output}/data_config.yaml", _dump_data_config(data_config))
+    write_text(f"{config.output}/data_config.yaml", _dump_data_config(data_config))
     table = {
         "target_tokens": config.target_tokens,
         "batch_size": config.batch_size,
@@ -237,7 +238,7 @@ def mixture(config: MixtureConfig) -> None:
             for name in sorted(stats)
         },
     }
-    _write(f"{config.output}/mixture.json", json.dumps(table, indent=2))
+    write_text(f"{config.output}/mixture.json", json.dumps(table, indent=2))
 
 
 def preview(config: MixtureConfig) -> str | None:
@@ -349,9 +350,3 @@ def load_data_config(path: str) -> Any:
         path = f"{path}/data_config.yaml"
     with fsspec.open(path, "r") as f:
         return draccus.load(LmDataConfig, f)
-
-
-def _write(path: str, text: str) -> None:
-    fs, local = fsspec.core.url_to_fs(path)
-    fs.makedirs(local.rsplit("/", 1)[0], exist_ok=True)
-    fs.pipe_file(local, text.encode())

@@ -28,7 +28,6 @@ Outputs, under the step's directory:
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Sequence
@@ -39,6 +38,7 @@ import numpy as np
 
 from pipeline import Resources, Step, StepDeclarationError, output_of, step_function, this_output, versioned
 from pipeline.step import Versioned
+from steps.files import exists, read_json, save_figure, write_json
 from steps.moe import MoeModelConfig, parameter_counts
 
 __all__ = [
@@ -437,8 +437,7 @@ def prediction_error(predicted: float, low: float, high: float, measured: float)
 def _measured_loss(point: ScalingPoint, loss: str, field: str) -> float:
     path = os.path.join(str(point.evaluation), "results.json")
     try:
-        with open(path) as f:
-            results = json.load(f)
+        results = read_json(path)
     except FileNotFoundError as e:
         raise ScalingFitError(
             f"point {point.label!r}: no results.json at {path}", f"{field}.evaluation"
@@ -552,9 +551,7 @@ def scaling_fit(config: ScalingFitConfig) -> dict[str, Any]:
         "points": rows,
         "target": target,
     }
-    os.makedirs(config.output, exist_ok=True)
-    with open(os.path.join(config.output, "fit.json"), "w") as f:
-        json.dump(result, f, indent=2)
+    write_json(os.path.join(config.output, "fit.json"), result)
     plot_fit(result, law, os.path.join(config.output, "fit.png"))
     print(format_result(result), flush=True)
     return result
@@ -604,10 +601,9 @@ def preview(config: ScalingFitConfig) -> str:
 def report(config: ScalingFitConfig) -> str | None:
     """The end-of-run summary (pipeline.run.hooks): the law, its fit, the prediction, where files are."""
     path = os.path.join(config.output, "fit.json")
-    if not os.path.exists(path):
+    if not exists(path):
         return None
-    with open(path) as f:
-        result = json.load(f)
+    result = read_json(path)
     lines = [f"  {line}" for line in format_result(result).splitlines()]
     lines.append(f"  fit:  {path}")
     lines.append(f"  plot: {os.path.join(config.output, 'fit.png')}")
@@ -705,5 +701,5 @@ def plot_fit(result: dict[str, Any], law: LawFit, png_path: str) -> None:
     right.grid(alpha=0.3)
     right.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(png_path)
+    save_figure(fig, png_path)
     plt.close(fig)

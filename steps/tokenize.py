@@ -30,7 +30,6 @@ import gzip
 import io
 import json
 import os
-import posixpath
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -40,6 +39,7 @@ import fsspec
 
 from pipeline import Resources, Step, step_events, this_output, versioned
 from pipeline.run.parallel import parallel_map
+from steps.files import write_json, write_text
 
 __all__ = ["TokenizeConfig", "TokenizeError", "tokenize", "tokenize_step"]
 
@@ -162,7 +162,7 @@ def tokenize(config: TokenizeConfig) -> None:
                 f"{split} inputs hold no documents (after skipping {totals['skipped']} bad lines)"
             )
         stats["splits"][split] = {**totals, "files": [asdict(s) for s in shard_stats]}
-    _write_json(f"{config.output}/stats.json", stats)
+    write_json(f"{config.output}/stats.json", stats)
 
 
 def _check_config(config: TokenizeConfig) -> None:
@@ -243,7 +243,7 @@ def _tokenize_shard(config: TokenizeConfig, split_dir: str, path: str, shard: st
         flush()
     stats.seconds = time.time() - started
     _write_ledger(shard_dir, None, tok.metadata, rows=stats.documents, tokens=stats.tokens)
-    _write_json(f"{shard_dir}/{SHARD_MARKER}", asdict(stats))
+    write_json(f"{shard_dir}/{SHARD_MARKER}", asdict(stats))
     return stats
 
 
@@ -286,17 +286,7 @@ def _write_ledger(
             layout=CACHE_LAYOUT_SHARDED,
             metadata=meta,
         )
-    _write_text(f"{cache_dir}/{LEDGER}", ledger.to_json())  # type: ignore[attr-defined]
-
-
-def _write_json(path: str, value: Any) -> None:
-    _write_text(path, json.dumps(value, indent=2))
-
-
-def _write_text(path: str, text: str) -> None:
-    fs, local = fsspec.core.url_to_fs(path)
-    fs.makedirs(posixpath.dirname(local), exist_ok=True)
-    fs.pipe_file(local, text.encode())
+    write_text(f"{cache_dir}/{LEDGER}", ledger.to_json())  # type: ignore[attr-defined]
 
 
 # -- inputs ---------------------------------------------------------------------------------------

@@ -43,7 +43,8 @@ from typing import Any, Literal
 import fsspec
 
 from pipeline import Resources, Step, output_of, step_function, this_output, versioned
-from steps.metrics import exists
+from steps.checkpoints import latest_checkpoint
+from steps.files import exists
 from steps.moe import MoeModelConfig, parameter_counts
 
 __all__ = ["OptimizerSpec", "TrainMoeConfig", "train_moe", "train_moe_step"]
@@ -248,18 +249,8 @@ def _check(config: TrainMoeConfig) -> None:
 
 def _latest_step(checkpoints: str) -> tuple[str | None, int | None]:
     """The latest complete checkpoint under `checkpoints` (a path or URL) and its step."""
-    # Levanter's discovery lists and reads through fsspec, so URLs work; it returns them as URLs.
-    from levanter.checkpoint import discover_latest_checkpoint
-
-    fs, plain = fsspec.core.url_to_fs(checkpoints)
-    fs.invalidate_cache()  # listings cached by this process may predate the checkpoints written since
-    if not fs.exists(plain):
-        return None, None
-    latest = discover_latest_checkpoint(checkpoints)
-    if latest is None:
-        return None, None
-    with fsspec.open(os.path.join(latest, "metadata.json"), "r") as f:
-        return latest, int(json.load(f)["step"])
+    found = latest_checkpoint(checkpoints)
+    return found if found is not None else (None, None)
 
 
 @contextlib.contextmanager

@@ -33,15 +33,8 @@ from levanter.checkpoint import Checkpointer, CheckpointerConfig
 from levanter.tracker.tracker import NoopTracker, Tracker, TrackerConfig
 
 from pipeline.run import step_events
-from steps.metrics import (
-    MetricsUploader,
-    begin_metrics,
-    local_path,
-    publish_metrics,
-    read_metrics,
-    write_file,
-    write_metrics,
-)
+from steps.files import local_path, write_file
+from steps.metrics import MetricsUploader, begin_metrics, publish_metrics, read_metrics, write_metrics
 
 logger = logging.getLogger(__name__)
 

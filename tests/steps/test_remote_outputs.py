@@ -11,6 +11,7 @@ S3-specific `AWS_ENDPOINT_URL_S3` that boto3 and s3fs also read, so the fixture 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -330,3 +331,34 @@ def test_an_experiment_on_s3_trains_resumes_after_a_kill_and_evaluates(s3_env, t
     # attempt's is left.
     assert list(cwd.iterdir()) == []
     assert len(list(scratch.iterdir())) == 1
+
+
+def test_the_scaling_fit_reads_its_evaluations_and_writes_its_files_by_url(url, tmp_path):
+    """steps.scaling reads results.json and writes fit.json and fit.png through fsspec (it used
+    built-in `open` and could not use an s3:// prefix)."""
+    from steps.scaling import report as scaling_report
+    from steps.scaling import scaling_fit
+    from tests.steps.test_scaling import step_config
+
+    local = step_config(tmp_path / "local")
+    points = []
+    for point in local.points:
+        remote = f"{url}/{Path(point.evaluation).name}"
+        write_file(f"{remote}/results.json", (Path(point.evaluation) / "results.json").read_bytes())
+        points.append(dataclasses.replace(point, evaluation=remote))
+    target_eval = f"{url}/eval-target"
+    write_file(f"{target_eval}/results.json", (Path(local.target.evaluation) / "results.json").read_bytes())
+    config = dataclasses.replace(
+        local,
+        points=points,
+        target=dataclasses.replace(local.target, evaluation=target_eval),
+        output=f"{url}/fit",
+    )
+    assert scaling_report(config) is None  # nothing written yet
+    scaling_fit(config)
+    fit = json.loads(cat(f"{url}/fit/fit.json"))
+    assert fit["fit"]["num_points"] == 9 and fit["target"]["measured_loss"] is not None
+    with fsspec.open(f"{url}/fit/fit.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert f"fit:  {url}/fit/fit.json" in scaling_report(config)
+    assert not (tmp_path / "local" / "fit").exists()
