@@ -67,13 +67,13 @@ def prepare(prefix: str) -> str:
 def child(mode: str, data: str, steps: int, out: str) -> None:
     """One training run (in its own process); prints the wall time of each step's loss log."""
     from steps.mixture import load_data_config
-    from steps.moe import MoeModelConfig, to_levanter
+    from steps.moe import TINY_MOE, to_levanter
     from steps.train_moe import TrainMoeConfig, levanter_train_config, train_moe
 
     config = TrainMoeConfig(
         data=data,
         output=out,
-        model=MoeModelConfig(),
+        model=TINY_MOE,
         batch_size=BATCH,
         seq_len=SEQ,
         num_steps=steps,

@@ -36,7 +36,7 @@ from pipeline import Resources, Step, StepDeclarationError, executor_main
 from pipeline.run.options import parse_options
 from steps.evaluate import evaluate_step
 from steps.mixture import mixture_step
-from steps.moe import MoeModelConfig
+from steps.moe import MoeModelConfig, tiny_moe
 from steps.scaling import scaling_fit_step, scaling_point
 from steps.tokenize import tokenize_step
 from steps.train_moe import OptimizerSpec, train_moe_step
@@ -60,17 +60,7 @@ OPTIMIZER = OptimizerSpec(name="adamw", learning_rate=3e-3, warmup=0.05)
 
 def tiny_model(hidden_dim: int) -> MoeModelConfig:
     """The grid's Qwen3-MoE at width `hidden_dim` (everything else fixed)."""
-    return MoeModelConfig(
-        family="qwen3_moe",
-        hidden_dim=hidden_dim,
-        expert_intermediate_dim=2 * hidden_dim,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        num_experts=4,
-        num_experts_per_token=2,
-        qk_norm=True,
-    )
+    return tiny_moe(hidden_dim)
 
 
 def build(

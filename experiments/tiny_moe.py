@@ -16,7 +16,7 @@ import os
 from pipeline import Resources, executor_main
 from steps.evaluate import evaluate_step
 from steps.mixture import mixture_step
-from steps.moe import MoeModelConfig
+from steps.moe import TINY_MOE
 from steps.tokenize import tokenize_step
 from steps.train_moe import OptimizerSpec, train_moe_step
 
@@ -54,17 +54,7 @@ mixture = mixture_step(
     max_epochs=2,
 )
 
-model = MoeModelConfig(
-    family="qwen3_moe",
-    hidden_dim=64,
-    expert_intermediate_dim=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    num_experts=4,
-    num_experts_per_token=2,
-    qk_norm=True,
-)
+model = TINY_MOE  # a 2-layer Qwen3-MoE of width 64: 4 experts, top-2 (steps/moe.py)
 
 train = train_moe_step(
     "train/tiny-qwen3-moe",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["MoeModelConfig", "parameter_counts", "to_levanter"]
+__all__ = ["TINY_MOE", "MoeModelConfig", "parameter_counts", "tiny_moe", "to_levanter"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,26 @@ class MoeModelConfig:
         if self.family == "qwen3_moe" and self.head_dim is not None:
             return self.head_dim
         return self.hidden_dim // self.num_heads
+
+
+def tiny_moe(hidden_dim: int = 64) -> MoeModelConfig:
+    """The tiny Qwen3-MoE the demo, the scaling sweep and the tests train on CPU: 2 layers, 4 heads
+    (2 KV heads), 4 experts of width `2 * hidden_dim`, top-2, QK norm."""
+    return MoeModelConfig(
+        family="qwen3_moe",
+        hidden_dim=hidden_dim,
+        expert_intermediate_dim=2 * hidden_dim,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        num_experts=4,
+        num_experts_per_token=2,
+        qk_norm=True,
+    )
+
+
+TINY_MOE = tiny_moe()
+"""`tiny_moe()` at width 64: about 0.05 s a step on two CPU cores (batch 8, sequence 128)."""
 
 
 def parameter_counts(model: MoeModelConfig, vocab_size: int) -> tuple[int, int]:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pipeline import StepDeclarationError
-from steps.moe import MoeModelConfig, parameter_counts
+from steps.moe import MoeModelConfig, parameter_counts, tiny_moe
 from steps.scaling import (
     LawFit,
     ScalingFitConfig,
@@ -132,7 +132,7 @@ def test_active_non_embedding_params_leaves_out_embedding_and_head():
 
 
 def model(hidden_dim: int) -> MoeModelConfig:
-    return MoeModelConfig(hidden_dim=hidden_dim, expert_intermediate_dim=2 * hidden_dim)
+    return tiny_moe(hidden_dim)
 
 
 def write_results(path, loss: float, prose: float | None = None) -> str:

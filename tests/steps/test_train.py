@@ -3,6 +3,7 @@ killed run. Each experiment runs in its own `drydock run` process, as it would f
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from steps.moe import MoeModelConfig, parameter_counts
+from steps.moe import TINY_MOE, MoeModelConfig, parameter_counts
 from steps.training_hooks import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -47,17 +48,7 @@ if __name__ == "__main__":
 """
 
 
-QWEN = dict(
-    family="qwen3_moe",
-    hidden_dim=64,
-    expert_intermediate_dim=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    num_experts=4,
-    num_experts_per_token=2,
-    qk_norm=True,
-)
+QWEN = dataclasses.asdict(TINY_MOE)
 
 
 def train_and_evaluate(exp: Path, prefix: Path) -> None:

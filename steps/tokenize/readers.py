@@ -1,0 +1,148 @@
+"""Reading the tokenize step's inputs: expanding paths and globs, and documents per format.
+
+Formats are chosen by extension: `.jsonl`/`.json`/`.ndjson` (a text field per record),
+`.parquet` (a text column), `.txt`/`.text`/`.md` (a document per file, or per line), each
+optionally compressed (`.gz`, `.zst`). Everything is read through fsspec.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+import fsspec
+
+from steps.tokenize.common import ShardStats, TokenizeError
+
+if TYPE_CHECKING:
+    from steps.tokenize import TokenizeConfig
+
+__all__ = ["documents", "expand_inputs", "is_data_file"]
+
+_TEXT_SUFFIXES = (".txt", ".text", ".md")
+_JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
+_COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+
+
+def expand_inputs(inputs: Sequence[str], root: str | None, split: str) -> list[str]:
+    """Every input file, in a stable order; a missing path or an empty glob is an error."""
+    files: list[str] = []
+    for raw in inputs:
+        spec = raw if ("://" in raw or os.path.isabs(raw) or root is None) else os.path.join(root, raw)
+        fs, path = fsspec.core.url_to_fs(spec)
+        remote = "://" in spec and not spec.startswith("file://")
+        if any(ch in path for ch in "*?["):
+            found = sorted(p for p in fs.glob(path) if not fs.isdir(p))
+            if not found:
+                raise TokenizeError(f"{split} input {raw!r} matches no files")
+        elif not fs.exists(path):
+            raise TokenizeError(f"{split} input {raw!r} does not exist")
+        elif fs.isdir(path):
+            found = sorted(p for p in fs.find(path) if is_data_file(p))
+            if not found:
+                raise TokenizeError(f"{split} input directory {raw!r} holds no jsonl, parquet or text files")
+        else:
+            found = [path]
+        for p in found:
+            if not is_data_file(p):
+                raise TokenizeError(
+                    f"{split} input {p!r}: unknown format; use .jsonl, .json, .parquet or .txt "
+                    "(optionally .gz or .zst)"
+                )
+        files.extend(fs.unstrip_protocol(p) if remote else p for p in found)
+    return list(dict.fromkeys(files))
+
+
+def _split_suffix(path: str) -> tuple[str, str | None]:
+    name = path.lower()
+    for suffix, compression in _COMPRESSIONS.items():
+        if name.endswith(suffix):
+            return name[: -len(suffix)], compression
+    return name, None
+
+
+def is_data_file(path: str) -> bool:
+    base, _ = _split_suffix(path)
+    return base.endswith((*_JSON_SUFFIXES, *_TEXT_SUFFIXES, ".parquet"))
+
+
+def documents(path: str, config: TokenizeConfig, stats: ShardStats) -> Iterator[str]:
+    base, compression = _split_suffix(path)
+    if base.endswith(".parquet"):
+        yield from _parquet_documents(path, config, stats)
+        return
+    with fsspec.open(path, "rb", compression=compression) as raw:
+        stream = io.TextIOWrapper(raw, encoding="utf-8", errors="strict")
+        try:
+            if base.endswith(_TEXT_SUFFIXES):
+                yield from _text_documents(stream, config)
+            else:
+                yield from _json_documents(stream, path, config, stats)
+        except UnicodeDecodeError as e:
+            raise TokenizeError(f"{path}: not UTF-8 text ({e})") from e
+        except (gzip.BadGzipFile, EOFError, OSError) as e:
+            raise TokenizeError(f"{path}: cannot read ({type(e).__name__}: {e})") from e
+
+
+def _text_documents(stream: io.TextIOBase, config: TokenizeConfig) -> Iterator[str]:
+    if config.text_mode == "document":
+        text = stream.read()
+        if text.strip():
+            yield text
+        return
+    for line in stream:
+        if line.strip():
+            yield line.rstrip("\n")
+
+
+def _json_documents(
+    stream: io.TextIOBase, path: str, config: TokenizeConfig, stats: ShardStats
+) -> Iterator[str]:
+    for number, line in enumerate(stream, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as e:
+            _bad(config, stats, f"{path} line {number}: malformed JSON ({e})")
+            continue
+        text = record.get(config.text_field) if isinstance(record, dict) else None
+        if not isinstance(text, str):
+            fields = sorted(record) if isinstance(record, dict) else type(record).__name__
+            _bad(
+                config, stats, f"{path} line {number}: no text field {config.text_field!r} (found: {fields})"
+            )
+            continue
+        yield text
+
+
+def _parquet_documents(path: str, config: TokenizeConfig, stats: ShardStats) -> Iterator[str]:
+    import pyarrow.parquet as pq
+
+    with fsspec.open(path, "rb") as f:
+        table = pq.ParquetFile(f)
+        if config.text_field not in table.schema_arrow.names:
+            raise TokenizeError(
+                f"{path}: no column {config.text_field!r} (columns: {table.schema_arrow.names}); "
+                "set text_field"
+            )
+        row = 0
+        for batch in table.iter_batches(columns=[config.text_field]):
+            for value in batch.column(0).to_pylist():
+                row += 1
+                if not isinstance(value, str):
+                    _bad(config, stats, f"{path} row {row}: {config.text_field!r} is {value!r}, not text")
+                    continue
+                yield value
+
+
+def _bad(config: TokenizeConfig, stats: ShardStats, message: str) -> None:
+    if config.on_bad_line == "fail":
+        raise TokenizeError(
+            f"{message}; fix the input or set on_bad_line='skip' to skip and count such lines"
+        )
+    stats.skipped += 1
