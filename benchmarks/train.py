@@ -66,9 +66,10 @@ def prepare(prefix: str) -> str:
 
 def child(mode: str, data: str, steps: int, out: str) -> None:
     """One training run (in its own process); prints the wall time of each step's loss log."""
+    from steps.levanter_config import levanter_train_config
     from steps.mixture import load_data_config
     from steps.moe import TINY_MOE, to_levanter
-    from steps.train_moe import TrainMoeConfig, levanter_train_config, train_moe
+    from steps.train_moe import TrainMoeConfig, train_moe
 
     config = TrainMoeConfig(
         data=data,

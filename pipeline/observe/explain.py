@@ -14,7 +14,6 @@ only for those steps and lists each parent directory once, so a cached plan cost
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +23,7 @@ from pipeline.core.drift import MISSING, json_diff, short
 from pipeline.core.identity import HASH_CHARS
 from pipeline.core.plan import Plan, State
 from pipeline.storage.files import Storage
+from pipeline.storage.layout import split_label
 from pipeline.storage.step_store import StepStore
 
 __all__ = [
@@ -179,9 +179,6 @@ def _label_of(name: str, full_hash: str) -> str:
     return f"{name}-{full_hash[:HASH_CHARS]}"
 
 
-_HASH = re.compile(rf"^[0-9a-f]{{{HASH_CHARS}}}$")
-
-
 def _parent(prefix: str, name: str) -> str:
     head = name.rsplit("/", 1)[0] if "/" in name else ""
     return f"{prefix.rstrip('/')}/{head}" if head else prefix.rstrip("/")
@@ -208,9 +205,9 @@ class _Reader:
         if directory not in self._listing:
             index: dict[str, list[str]] = {}
             for entry in sorted(self.store.storage.listdir(directory)):
-                base, _, digest = entry.rpartition("-")
-                if base and _HASH.match(digest):
-                    index.setdefault(base, []).append(entry)
+                parts = split_label(entry)
+                if parts is not None:
+                    index.setdefault(parts[0], []).append(entry)
             self._listing[directory] = index
         return self._listing[directory]
 

@@ -25,8 +25,14 @@ from pipeline.core.lease import is_stale
 from pipeline.core.records import Event
 from pipeline.errors import StepDeclarationError, StorageError
 from pipeline.storage.files import Storage
-from pipeline.storage.layout import LEASE, PINNED, STATUS, STEP_JSON
-from pipeline.storage.manifests import MANIFEST_DIR
+from pipeline.storage.layout import (
+    MANIFEST_DIR,
+    PINNED,
+    STEP_DIR_MARKERS,
+    TMP_PREFIX,
+    manifest_pattern,
+    split_label,
+)
 from pipeline.storage.step_store import StepStore
 
 __all__ = [
@@ -42,8 +48,6 @@ __all__ = [
     "resolve_step_dir",
 ]
 
-_STEP_DIR = re.compile(r"^.+-[0-9a-f]{12}$")
-_MARKERS = frozenset({STATUS, STEP_JSON, LEASE})
 MAX_DEPTH = 8
 """How many name parts deep step directories are looked for (`a/b/c-<hash>` is 3)."""
 
@@ -117,7 +121,7 @@ def find_step_dirs(storage: Storage, prefix: str) -> list[str]:
                 continue
             path = f"{directory}/{entry}"
             inside = storage.listdir(path)
-            if _STEP_DIR.match(entry) and _MARKERS & set(inside):
+            if split_label(entry) and STEP_DIR_MARKERS & set(inside):
                 found.append(path)
             # `inside == [entry]`: fsspec lists a file as itself; a file is no directory to walk.
             elif inside and depth + 1 < MAX_DEPTH and inside != [entry]:
@@ -137,7 +141,7 @@ def _manifest_locations(storage: Storage, prefix: str, keep: str) -> list[str]:
         if storage.read(path) is not None:
             return [path]
     if relative:
-        pattern = re.compile(rf"^{re.escape(keep)}-[0-9a-f]{{12}}\.json$")
+        pattern = manifest_pattern(keep)
         directory = f"{prefix}/{MANIFEST_DIR}"
         found = sorted(f"{directory}/{n}" for n in storage.listdir(directory) if pattern.match(n))
         if found:
@@ -212,7 +216,7 @@ def plan_gc(
             reason = "in a kept manifest"
         if not reason and older_than is not None and when is not None and now - when < older_than:
             reason = "too recent"
-        orphans = tuple(f"{path}/{n}" for n in storage.listdir(path) if n.startswith(".tmp-"))
+        orphans = tuple(f"{path}/{n}" for n in storage.listdir(path) if n.startswith(TMP_PREFIX))
         size = storage.disk_usage(path)
         entry = StepDir(path, label, state, when, size, reason, orphans)
         (kept if reason else doomed).append(entry)
@@ -254,14 +258,13 @@ def resolve_step_dir(storage: Storage, prefix: str | None, target: str) -> str:
     if prefix and "://" not in target and not target.startswith("/"):
         candidates.append(f"{prefix.rstrip('/')}/{target.strip('/')}")
     for path in candidates:
-        if _MARKERS & set(storage.listdir(path)):
+        if STEP_DIR_MARKERS & set(storage.listdir(path)):
             return path
     if prefix and "://" not in target and not target.startswith("/"):
         name = target.strip("/")
         head, _, base = name.rpartition("/")
         parent = f"{prefix.rstrip('/')}/{head}" if head else prefix.rstrip("/")
-        pattern = re.compile(rf"^{re.escape(base)}-[0-9a-f]{{12}}$")
-        matches = sorted(e for e in storage.listdir(parent) if pattern.match(e))
+        matches = sorted(e for e in storage.listdir(parent) if (split_label(e) or ("", ""))[0] == base)
         if len(matches) == 1:
             return f"{parent}/{matches[0]}"
         if len(matches) > 1:

@@ -17,7 +17,6 @@ import enum
 import json
 import logging
 import queue
-import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -37,10 +36,11 @@ from pipeline.run.fence import LeaseExpired
 from pipeline.run.heartbeat import Heartbeat
 from pipeline.run.hooks import call_hook, step_summary
 from pipeline.run.provenance import step_info
+from pipeline.run.reporter import Reporter
 from pipeline.step import hooks_of
 from pipeline.storage.step_store import AlreadyDone, Held, StepStore
 
-__all__ = ["ExecutionOptions", "RunReport", "StepOutcome", "execute"]
+__all__ = ["ExecutionOptions", "Reporter", "RunReport", "StepOutcome", "execute"]
 
 logger = logging.getLogger(__name__)
 
@@ -84,31 +84,6 @@ class _Event:
     traceback: str | None = None
     started: float | None = None
     ended: float | None = None
-
-
-class Reporter:
-    """Prints one line per state change. The CLI passes a rich console; tests a list.
-
-    With `total` (the steps this run will run or wait for), a step's final line carries the
-    run's count so far, `SUCCEEDED  [3/12] train/x-...  41.20s`: progress without extra lines.
-    """
-
-    FINAL = frozenset({"SUCCEEDED", "FAILED", "BLOCKED", "CANCELLED"})
-
-    def __init__(self, emit: Callable[[str], None] | None = None, total: int | None = None) -> None:
-        self._emit = emit or (lambda line: logger.info("%s", line))
-        self._total = total
-        self._finished: set[str] = set()
-        self._lock = threading.Lock()  # attempts report RUNNING from worker threads
-
-    def __call__(self, label: str, what: str, detail: str = "") -> None:
-        count = ""
-        # A failure that will be retried is not final; its line says "retrying".
-        if self._total and what in self.FINAL and not detail.endswith("retrying"):
-            with self._lock:
-                self._finished.add(label)
-                count = f"[{len(self._finished)}/{self._total}] "
-        self._emit(f"{what:<10} {count}{label}" + (f"  {detail}" if detail else ""))
 
 
 def execute(

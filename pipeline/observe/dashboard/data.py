@@ -20,22 +20,30 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core.identity import HASH_CHARS
-from pipeline.core.lease import LeaseRecord, host_id
+from pipeline.core.lease import host_id
 from pipeline.core.records import Event, StatusEvent, StepRecord
 from pipeline.observe import live
+from pipeline.observe.dashboard.records import (
+    EvalResults,
+    ExperimentDetail,
+    ExperimentSummary,
+    Metrics,
+    Progress,
+    StepDetail,
+    StepRow,
+)
 from pipeline.observe.live import runner_gone
 from pipeline.observe.metrics import METRICS_FILE, parse_metrics
 from pipeline.storage.files import Storage
-from pipeline.storage.layout import HIDDEN_FILES
+from pipeline.storage.layout import LOGS_DIR, is_label, is_payload, log_token, step_dir
+from pipeline.storage.manifests import list_manifests, manifest_dir
 from pipeline.storage.step_store import StepStore
 
 __all__ = [
@@ -57,8 +65,6 @@ __all__ = [
     "read_step",
 ]
 
-MANIFEST_DIR = "experiments"
-LOGS_DIR = ".logs"
 RESULTS_FILE = "results.json"
 
 MAX_CHART_POINTS = 2000
@@ -67,11 +73,6 @@ MAX_CHART_POINTS = 2000
 MAX_LOG_BYTES = 512 * 1024
 """A log larger than this is shown by its last bytes (the end is where a failure is)."""
 
-_LABEL = re.compile(
-    rf"^[A-Za-z0-9_][A-Za-z0-9._+=-]*(/[A-Za-z0-9_][A-Za-z0-9._+=-]*)*-[0-9a-f]{{{HASH_CHARS}}}$"
-)
-_LOG_TOKEN = re.compile(r"^attempt-(\d+)")
-
 
 class NotFound(LookupError):
     """The experiment, step or log a request names does not exist under the prefix."""
@@ -79,80 +80,6 @@ class NotFound(LookupError):
 
 # ---------------------------------------------------------------------------------------------
 # Experiments (manifests)
-
-
-@dataclass(frozen=True)
-class Progress:
-    """What a running step last reported with `step_events.progress` (its `.progress` file)."""
-
-    done: float
-    total: float | None
-    unit: str
-    time: float
-    data: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def percent(self) -> int | None:
-        return int(100 * self.done / self.total) if self.total else None
-
-
-@dataclass(frozen=True)
-class StepRow:
-    """One step of an experiment: the manifest's entry joined with what `.status` says now."""
-
-    label: str
-    name: str
-    fn: str
-    deps: tuple[str, ...]
-    soft_deps: tuple[str, ...]
-    manifest_state: str
-    """The run's outcome (SUCCEEDED, CACHED, FAILED, BLOCKED, ...) or, while it runs, the plan's."""
-    storage_state: str | None
-    """The last state event of `.status` now (SUCCESS, RUNNING, FAILED, ...); None if never started."""
-    state: str
-    """What to show: `live_state` of the two."""
-    progress: Progress | None = None
-    """The current attempt's progress report, for a step RUNNING now."""
-    reason: str = ""
-    started: float | None = None
-    ended: float | None = None
-    duration: float | None = None
-    attempts: int | None = None
-    error: str | None = None
-
-
-@dataclass(frozen=True)
-class ExperimentSummary:
-    """One manifest, as listed on the front page."""
-
-    id: str
-    """The manifest's file name without `.json`: `<experiment>-<hash>`, the experiment's URL key."""
-    experiment: str
-    description: str
-    run_id: str
-    started: float | None
-    updated: float | None
-    finished: bool
-    exit_code: int | None
-    counts: Mapping[str, int]
-    """Number of steps per manifest state."""
-    error: str | None = None
-    """Why the manifest could not be read, if it could not."""
-
-
-@dataclass(frozen=True)
-class ExperimentDetail:
-    """A manifest with every step's live state."""
-
-    summary: ExperimentSummary
-    steps: tuple[StepRow, ...]
-    """In the manifest's (topological) order."""
-    environment: Mapping[str, Any]
-    """git, versions, host and argv of the run, as recorded."""
-
-
-def _manifest_dir(prefix: str) -> str:
-    return f"{prefix.rstrip('/')}/{MANIFEST_DIR}"
 
 
 def _summary(manifest_id: str, manifest: Mapping[str, Any]) -> ExperimentSummary:
@@ -171,7 +98,7 @@ def _summary(manifest_id: str, manifest: Mapping[str, Any]) -> ExperimentSummary
 
 
 def _read_manifest(storage: Storage, prefix: str, manifest_id: str) -> Mapping[str, Any]:
-    data = storage.read(f"{_manifest_dir(prefix)}/{manifest_id}.json")
+    data = storage.read(f"{manifest_dir(prefix)}/{manifest_id}.json")
     if data is None:
         raise NotFound(f"no experiment {manifest_id!r} under {prefix}")
     manifest = json.loads(data)
@@ -186,9 +113,7 @@ def list_experiments(storage: Storage, prefix: str) -> list[ExperimentSummary]:
     A manifest that cannot be parsed is listed with its error instead of hiding the others.
     """
     out = []
-    for name in storage.listdir(_manifest_dir(prefix)):
-        if not name.endswith(".json") or name.startswith(".tmp-"):
-            continue
+    for name in list_manifests(storage, prefix):
         manifest_id = name.removesuffix(".json")
         try:
             out.append(_summary(manifest_id, _read_manifest(storage, prefix, manifest_id)))
@@ -253,13 +178,11 @@ def read_experiment(
 
     Raises NotFound for an id that is not a manifest under the prefix, ValueError for a corrupt one.
     """
-    if f"{manifest_id}.json" not in store.storage.listdir(_manifest_dir(prefix)):
+    if f"{manifest_id}.json" not in store.storage.listdir(manifest_dir(prefix)):
         raise NotFound(f"no experiment {manifest_id!r} under {prefix}")
     manifest = _read_manifest(store.storage, prefix, manifest_id)
     now = time.time() if now is None else now
-    entries = [
-        e for e in manifest["steps"] if isinstance(e, Mapping) and _LABEL.match(str(e.get("label", "")))
-    ]
+    entries = [e for e in manifest["steps"] if isinstance(e, Mapping) and is_label(str(e.get("label", "")))]
     dirs = [step_dir(prefix, str(e["label"])) for e in entries]
     with ThreadPoolExecutor(8) as pool:  # object stores are latency-bound; local disk does not mind
         records = list(pool.map(lambda d: store.record(d, with_metadata=False), dirs))
@@ -278,67 +201,9 @@ def read_experiment(
 # One step
 
 
-@dataclass(frozen=True)
-class Metrics:
-    """A metrics.jsonl, one merged record per step, ready to chart."""
-
-    steps: tuple[int, ...]
-    loss: tuple[float | None, ...]
-    learning_rate: tuple[float | None, ...]
-    total_steps: int
-    """Records in the file (the chart may show fewer: see MAX_CHART_POINTS)."""
-    last: Mapping[str, Any]
-    """The last step's record, every key."""
-
-
-@dataclass(frozen=True)
-class EvalResults:
-    """An evaluate step's results.json."""
-
-    checkpoint: str | None
-    checkpoint_step: int | None
-    sets: Mapping[str, Mapping[str, float | None]]
-    """Per validation set: loss, bits_per_byte, perplexity."""
-    average: Mapping[str, float | None]
-
-
-@dataclass(frozen=True)
-class StepDetail:
-    """Everything the step page shows."""
-
-    label: str
-    step_json: Mapping[str, Any] | None
-    events: tuple[StatusEvent, ...]
-    state: str | None
-    """The last state event's name; None if the step never started."""
-    lease: LeaseRecord | None
-    corrupt: str | None
-    """Why `.status` could not be read, if it could not."""
-    logs: tuple[str, ...]
-    """Log file names in `.logs/`, oldest attempt first."""
-    files: tuple[str, ...]
-    """The payload's top-level entries (Drydock's own files left out)."""
-    metrics: Metrics | None
-    results: EvalResults | None
-    problems: tuple[str, ...] = field(default=())
-    """Files that exist but could not be read (a metrics or results file in another format)."""
-    stale: bool = False
-    """RUNNING, but its runner is gone (see `runner_gone`)."""
-    progress: Progress | None = None
-    """The latest attempt's progress report."""
-    report: str | Mapping[str, Any] | None = None
-    """What the step's `report` hook said when it succeeded (recorded with its SUCCESS event):
-    text, or a mapping of values and tables (lists of rows), rendered whatever the step kind."""
-
-
-def step_dir(prefix: str, label: str) -> str:
-    """A step's directory under the prefix: `<prefix>/<name>-<hash>`."""
-    return f"{prefix.rstrip('/')}/{label}"
-
-
 def _check_label(storage: Storage, prefix: str, label: str) -> str:
     """The step's directory, if `label` is a step label with a directory under the prefix."""
-    if not _LABEL.match(label) or any(part in ("", ".", "..") for part in label.split("/")):
+    if not is_label(label):
         raise NotFound(f"{label!r} is not a step label (name-<{HASH_CHARS} hex>)")
     directory = step_dir(prefix, label)
     if not storage.listdir(directory):
@@ -407,8 +272,8 @@ def recorded_report(record: StepRecord) -> str | Mapping[str, Any] | None:
 
 
 def _log_order(name: str) -> tuple[int, str]:
-    match = _LOG_TOKEN.match(name)
-    return (int(match.group(1)) if match else -1, name)
+    token = log_token(name)
+    return (-1 if token is None else token, name)
 
 
 def read_step(store: StepStore, prefix: str, label: str, now: float | None = None) -> StepDetail:
@@ -420,11 +285,7 @@ def read_step(store: StepStore, prefix: str, label: str, now: float | None = Non
     logs = tuple(
         sorted((n for n in storage.listdir(f"{directory}/{LOGS_DIR}") if n.endswith(".log")), key=_log_order)
     )
-    files = tuple(
-        sorted(
-            n for n in entries if n not in HIDDEN_FILES and not n.startswith((".tmp-", ".status.corrupt-"))
-        )
-    )
+    files = tuple(sorted(n for n in entries if is_payload(n)))
     problems = []
     metrics = results = None
     report = recorded_report(record)

@@ -59,20 +59,20 @@ from pipeline.core.plan import Plan, State
 from pipeline.core.tpu import TpuSlice, tpu_slice
 from pipeline.errors import StepCancelled, StepDeclarationError, StepFailed, StepPreempted
 from pipeline.run.backends.base import Backend, StepTask
+from pipeline.run.backends.ray_resources import SLICE_LABEL, runtime_env, task_options, unsatisfiable
 from pipeline.run.fence import LeaseExpired
 from pipeline.run.options import RayOptions
 from pipeline.run.step_events import StepContext
 from pipeline.run.worker import Placement, call_step, lease_fence
-from pipeline.step import Resources, hooks_of
+from pipeline.step import hooks_of
 from pipeline.storage.layout import LOGS_DIR, log_name
 
-__all__ = ["FencedWrite", "RayBackend", "parse_memory"]
+__all__ = ["FencedWrite", "RayBackend"]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-SLICE_LABEL = "ray.io/tpu-slice-name"
 MEGASCALE_PORT = 8081
 
 # Errors that mean the machine went away, not that the step function is wrong.
@@ -85,33 +85,6 @@ _PREEMPTION_ERRORS: tuple[type[BaseException], ...] = (
     ray.exceptions.ActorDiedError,
     ray.exceptions.ActorUnavailableError,
 )
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1e3,
-    "kb": 1e3,
-    "m": 1e6,
-    "mb": 1e6,
-    "g": 1e9,
-    "gb": 1e9,
-    "t": 1e12,
-    "tb": 1e12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-
-
-def parse_memory(text: str) -> int:
-    """Bytes in a memory size such as "16GiB", "512MB" or "1e9"."""
-    value = text.strip().lower().replace(" ", "")
-    number = value.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = value[len(number) :]
-    if unit not in _UNITS or not number:
-        raise ValueError(f"cannot read memory size {text!r}; use e.g. '16GiB' or '512MB'")
-    return int(float(number) * _UNITS[unit])
 
 
 class FencedWrite(Exception):
@@ -208,7 +181,7 @@ class RayBackend(Backend):
             if task.resources.tpu:
                 self._run_tpu(task, tpu_slice(task.resources.tpu))
             else:
-                options = _task_options(task.resources)
+                options = task_options(task.resources)
                 self._wait([self._submit(task, options, log_name(task.token))], task)
         finally:
             with self._lock:
@@ -306,7 +279,7 @@ class RayBackend(Backend):
                         "scheduling_strategy": PlacementGroupSchedulingStrategy(
                             group, placement_group_bundle_index=h
                         ),
-                        "runtime_env": _runtime_env(resources, env),
+                        "runtime_env": runtime_env(resources, env),
                     }
                     refs.append(self._submit(task, options, log_name(task.token, s, h)))
             self._wait(refs, task)
@@ -365,28 +338,6 @@ def _private_ip() -> str | None:
     return "127.0.0.2" if sys.platform.startswith("linux") else None
 
 
-def _runtime_env(resources: Resources, env: dict[str, str] | None = None) -> dict[str, Any]:
-    runtime_env: dict[str, Any] = {}
-    env_vars = dict(resources.env if env is None else env)
-    if env_vars:
-        runtime_env["env_vars"] = env_vars
-    if resources.pip:
-        runtime_env["pip"] = list(resources.pip)
-    return runtime_env
-
-
-def _task_options(resources: Resources) -> dict[str, Any]:
-    options: dict[str, Any] = {"num_cpus": resources.cpus, "num_gpus": resources.gpus}
-    if resources.memory:
-        options["memory"] = parse_memory(resources.memory)
-    if resources.custom:
-        options["resources"] = dict(resources.custom)
-    runtime_env = _runtime_env(resources)
-    if runtime_env:
-        options["runtime_env"] = runtime_env
-    return options
-
-
 def _node(node_id: str) -> dict[str, Any]:
     for node in ray.nodes():
         if node["NodeID"] == node_id:
@@ -404,60 +355,3 @@ def _slice_of(node_id: str) -> str:
 
 def _node_ip(node_id: str) -> str:
     return _node(node_id)["NodeManagerAddress"]
-
-
-def _requested(resources: Resources) -> dict[str, float]:
-    wanted: dict[str, float] = {"CPU": float(resources.cpus)}
-    if resources.gpus:
-        wanted["GPU"] = float(resources.gpus)
-    if resources.memory:
-        wanted["memory"] = float(parse_memory(resources.memory))
-    wanted.update({k: float(v) for k, v in resources.custom.items()})
-    return wanted
-
-
-def _describe(resources: dict[str, float]) -> str:
-    shown = {
-        k: v for k, v in sorted(resources.items()) if not k.startswith("node:") and "object_store" not in k
-    }
-    return ", ".join(f"{k} {v:g}" for k, v in shown.items()) or "nothing"
-
-
-def unsatisfiable(resources: Resources, nodes: list[dict[str, Any]]) -> str | None:
-    """Why no node (or slice) of the cluster can ever run a step with `resources`, or None."""
-    if resources.tpu:
-        try:
-            spec = tpu_slice(resources.tpu)
-        except ValueError as e:
-            return str(e)
-        per_slice: dict[str, int] = {}
-        heads = set()
-        for node in nodes:
-            name = (node.get("Labels") or {}).get(SLICE_LABEL)
-            res = node.get("Resources", {})
-            if name and res.get("TPU", 0) >= spec.chips_per_host and res.get("CPU", 0) >= resources.cpus:
-                per_slice[name] = per_slice.get(name, 0) + 1
-            if name and res.get(spec.head_resource, 0) >= 1:
-                heads.add(name)
-        complete = [name for name in heads if per_slice.get(name, 0) >= spec.hosts]
-        if len(complete) < resources.slices:
-            return (
-                f"asks for {resources.slices} x {spec.type} ({spec.hosts} hosts of {spec.chips_per_host} "
-                f"chips each, head resource {spec.head_resource}); the cluster has {len(complete)} such "
-                "slice(s)"
-            )
-        return None
-    wanted = _requested(resources)
-    for node in nodes:
-        have = node.get("Resources", {})
-        if all(have.get(k, 0) >= v for k, v in wanted.items()):
-            return None
-    largest = max((n.get("Resources", {}) for n in nodes), key=lambda r: r.get("CPU", 0), default={})
-    totals: dict[str, float] = {}
-    for node in nodes:
-        for k, v in node.get("Resources", {}).items():
-            totals[k] = totals.get(k, 0) + v
-    return (
-        f"asks for {_describe(wanted)} on one node; no node has that "
-        f"(largest node: {_describe(largest)}; cluster total: {_describe(totals)})"
-    )

@@ -1,0 +1,143 @@
+"""What the dashboard shows, as plain frozen values: experiments, step rows, a step's detail."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.core.lease import LeaseRecord
+from pipeline.core.records import StatusEvent
+
+__all__ = [
+    "EvalResults",
+    "ExperimentDetail",
+    "ExperimentSummary",
+    "Metrics",
+    "Progress",
+    "StepDetail",
+    "StepRow",
+]
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a running step last reported with `step_events.progress` (its `.progress` file)."""
+
+    done: float
+    total: float | None
+    unit: str
+    time: float
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def percent(self) -> int | None:
+        return int(100 * self.done / self.total) if self.total else None
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One step of an experiment: the manifest's entry joined with what `.status` says now."""
+
+    label: str
+    name: str
+    fn: str
+    deps: tuple[str, ...]
+    soft_deps: tuple[str, ...]
+    manifest_state: str
+    """The run's outcome (SUCCEEDED, CACHED, FAILED, BLOCKED, ...) or, while it runs, the plan's."""
+    storage_state: str | None
+    """The last state event of `.status` now (SUCCESS, RUNNING, FAILED, ...); None if never started."""
+    state: str
+    """What to show: `live_state` of the two."""
+    progress: Progress | None = None
+    """The current attempt's progress report, for a step RUNNING now."""
+    reason: str = ""
+    started: float | None = None
+    ended: float | None = None
+    duration: float | None = None
+    attempts: int | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ExperimentSummary:
+    """One manifest, as listed on the front page."""
+
+    id: str
+    """The manifest's file name without `.json`: `<experiment>-<hash>`, the experiment's URL key."""
+    experiment: str
+    description: str
+    run_id: str
+    started: float | None
+    updated: float | None
+    finished: bool
+    exit_code: int | None
+    counts: Mapping[str, int]
+    """Number of steps per manifest state."""
+    error: str | None = None
+    """Why the manifest could not be read, if it could not."""
+
+
+@dataclass(frozen=True)
+class ExperimentDetail:
+    """A manifest with every step's live state."""
+
+    summary: ExperimentSummary
+    steps: tuple[StepRow, ...]
+    """In the manifest's (topological) order."""
+    environment: Mapping[str, Any]
+    """git, versions, host and argv of the run, as recorded."""
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """A metrics.jsonl, one merged record per step, ready to chart."""
+
+    steps: tuple[int, ...]
+    loss: tuple[float | None, ...]
+    learning_rate: tuple[float | None, ...]
+    total_steps: int
+    """Records in the file (the chart may show fewer: see MAX_CHART_POINTS)."""
+    last: Mapping[str, Any]
+    """The last step's record, every key."""
+
+
+@dataclass(frozen=True)
+class EvalResults:
+    """An evaluate step's results.json."""
+
+    checkpoint: str | None
+    checkpoint_step: int | None
+    sets: Mapping[str, Mapping[str, float | None]]
+    """Per validation set: loss, bits_per_byte, perplexity."""
+    average: Mapping[str, float | None]
+
+
+@dataclass(frozen=True)
+class StepDetail:
+    """Everything the step page shows."""
+
+    label: str
+    step_json: Mapping[str, Any] | None
+    events: tuple[StatusEvent, ...]
+    state: str | None
+    """The last state event's name; None if the step never started."""
+    lease: LeaseRecord | None
+    corrupt: str | None
+    """Why `.status` could not be read, if it could not."""
+    logs: tuple[str, ...]
+    """Log file names in `.logs/`, oldest attempt first."""
+    files: tuple[str, ...]
+    """The payload's top-level entries (Drydock's own files left out)."""
+    metrics: Metrics | None
+    results: EvalResults | None
+    problems: tuple[str, ...] = field(default=())
+    """Files that exist but could not be read (a metrics or results file in another format)."""
+    stale: bool = False
+    """RUNNING, but its runner is gone (see `runner_gone`)."""
+    progress: Progress | None = None
+    """The latest attempt's progress report."""
+    report: str | Mapping[str, Any] | None = None
+    """What the step's `report` hook said when it succeeded (recorded with its SUCCESS event):
+    text, or a mapping of values and tables (lists of rows), rendered whatever the step kind."""

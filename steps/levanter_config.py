@@ -1,0 +1,152 @@
+"""Levanter's configs for a `train_moe` step: the optimizer and the whole `TrainLmConfig`.
+
+Everything Drydock decides about a Levanter training run is here: trackers (metrics.jsonl, the
+spike guard, optionally Weights & Biases), router statistics, checkpoint policy, HF export.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from steps.train_moe import OptimizerSpec, TrainMoeConfig
+
+__all__ = ["hub_offline", "levanter_optimizer", "levanter_train_config"]
+
+
+def levanter_optimizer(spec: OptimizerSpec) -> Any:
+    """Levanter's optimizer config (AdamW or Muon) with the spec's learning-rate schedule."""
+    schedule = dict(
+        warmup=spec.warmup,
+        min_lr_ratio=spec.min_lr_ratio,
+        lr_schedule=spec.lr_schedule,
+        weight_decay=spec.weight_decay,
+    )
+    if spec.name == "adamw":
+        from levanter.optim import AdamConfig
+
+        return AdamConfig(
+            learning_rate=spec.learning_rate,
+            beta1=spec.beta1,
+            beta2=spec.beta2,
+            max_grad_norm=spec.max_grad_norm,
+            **schedule,
+        )
+    if spec.name == "muon":
+        from levanter.optim.muon import MuonConfig
+
+        # In this Levanter the Muon rate is OptimizerConfig.learning_rate (MuonConfig.lr is unused).
+        return MuonConfig(
+            learning_rate=spec.learning_rate,
+            adam_lr=spec.adam_learning_rate,
+            beta1=spec.beta1,
+            beta2=spec.beta2,
+            max_grad_norm=spec.max_grad_norm,
+            **schedule,
+        )
+    raise ValueError(f"optimizer.name: unknown {spec.name!r}; use 'adamw' or 'muon'")
+
+
+@contextlib.contextmanager
+def hub_offline(offline: bool) -> Iterator[None]:
+    """Fail hub look-ups at once instead of retrying (minutes, on machines without network)."""
+    if not offline:
+        yield
+        return
+    import huggingface_hub.constants as hub
+
+    previous = hub.HF_HUB_OFFLINE
+    hub.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        hub.HF_HUB_OFFLINE = previous
+
+
+def levanter_train_config(
+    config: TrainMoeConfig,
+    data: Any,
+    model: Any,
+    *,
+    metrics_path: str | None = None,
+    log_dir: str | None = None,
+) -> Any:
+    """The `TrainLmConfig` that train_moe hands to Levanter's `train_lm.main` for `config`.
+
+    `metrics_path` is the local file the metrics tracker appends to and `log_dir` where Levanter's
+    log goes (default: `metrics.jsonl` and `logs/` in the output, which must then be local).
+    """
+    from levanter.callbacks.watch import WatchConfig
+    from levanter.main.train_lm import TrainLmConfig
+    from levanter.trainer import TrainerConfig
+
+    from steps.training_hooks import (
+        JsonlTrackerConfig,
+        MetricsCheckpointerConfig,
+        RouterStatsWatchConfig,
+        local_path,
+    )
+
+    out = config.output
+    if local_path(out) is None and (metrics_path is None or log_dir is None):
+        raise ValueError(
+            f"output {out!r} is not on local disk: pass metrics_path and log_dir (local paths) "
+            "for the metrics tracker and Levanter's log"
+        )
+    metrics_path = metrics_path or os.path.join(out, "metrics.jsonl")
+    trackers: list[Any] = [
+        JsonlTrackerConfig(
+            path=metrics_path,
+            spike_factor=config.spike_factor,
+            spike_window=config.spike_window,
+            summary_path=os.path.join(out, "summary.json"),
+        )
+    ]
+    if config.wandb_project:
+        from levanter.tracker.wandb import WandbConfig
+
+        trackers.append(WandbConfig(project=config.wandb_project))
+    watch: Any = WatchConfig()
+    if config.router_stats_interval > 0:
+        watch = RouterStatsWatchConfig(
+            interval=config.router_stats_interval,
+            data_config=data,
+            seq_len=config.seq_len,
+            batch_size=config.batch_size,
+        )
+    return TrainLmConfig(
+        data=data,
+        model=model,
+        train_seq_len=config.seq_len,
+        optimizer=levanter_optimizer(config.optimizer),
+        trainer=TrainerConfig(
+            id="train",
+            seed=config.seed,
+            num_train_steps=config.num_steps,
+            train_batch_size=config.batch_size,
+            steps_per_eval=config.eval_interval,
+            max_eval_batches=config.max_eval_batches,
+            tracker=tuple(trackers) if len(trackers) > 1 else trackers[0],
+            log_dir=Path(log_dir or os.path.join(out, "logs")),
+            require_accelerator=False,
+            log_jaxprs=False,
+            log_xla_hlo=False,
+            watch=watch,
+            # Publishes metrics.jsonl before each checkpoint when the output is on object storage.
+            checkpointer=MetricsCheckpointerConfig(
+                metrics_path=metrics_path,
+                base_path=os.path.join(out, "checkpoints"),
+                append_run_id_to_base_path=False,
+                save_interval=timedelta(minutes=config.checkpoint_minutes),
+                keep=[dict(every=config.checkpoint_interval)],
+            ),
+        ),
+        hf_save_path=os.path.join(out, "hf") if config.hf_export else None,
+        hf_save_steps=config.num_steps,
+        data_seed=config.seed,
+    )
