@@ -178,8 +178,29 @@ def build_dag(roots: Sequence[Step], prefix: str) -> Dag:
         raise StepDeclarationError(None, "no steps given", field="steps")
     for step in roots:
         _validate_step(step)
+    refs = _discover(roots)
+    inputs = _resolve_inputs(refs)
+    edges = {step: [up for up, _ph in step_inputs.values()] for step, step_inputs in inputs.items()}
+    cycle = graph.find_cycle(edges)
+    if cycle:
+        raise GraphError("the steps form a cycle: " + " -> ".join(s.name for s in cycle))
+    # Upstreams before dependents, in declaration order: plans read like the experiment file.
+    order = graph.depth_first_order(edges, list(roots))
+    identities: dict[Step, Identity] = {}
+    for step in order:
+        upstream = {path: (identities[up].hash, ph.sub) for path, (up, ph) in inputs[step].items()}
+        identities[step] = compute_identity(step.name, step.version, refs[step].versioned, upstream, prefix)
+    nodes = _collapse(order, identities, refs, inputs, prefix)
+    root_labels = tuple(dict.fromkeys(identities[s].label for s in roots))
+    return Dag(prefix=prefix, nodes=MappingProxyType(nodes), roots=root_labels)
 
-    # Discover every Step object reachable through output_of placeholders.
+
+_Inputs = dict[str, tuple[Step, OutputOf]]
+"""A step's inputs: dotted config path -> (the upstream Step, the placeholder there)."""
+
+
+def _discover(roots: Sequence[Step]) -> dict[Step, ConfigRefs]:
+    """Every Step reachable through output_of placeholders, with its config's references."""
     refs: dict[Step, ConfigRefs] = {}
     stack = list(roots)
     while stack:
@@ -197,20 +218,19 @@ def build_dag(roots: Sequence[Step], prefix: str) -> Dag:
                     f"output_of needs a Step or a step name, got {type(placeholder.step).__name__}",
                     field=path,
                 )
-
     for step, step_refs in refs.items():
         for path, ph in [*step_refs.inputs.items(), *step_refs.own_outputs.items()]:
             _validate_sub(step.name, path, ph.sub)
+    return refs
 
+
+def _resolve_inputs(refs: Mapping[Step, ConfigRefs]) -> dict[Step, _Inputs]:
+    """Each step's inputs as Step objects; a reference by name resolves within the DAG."""
     by_name: dict[str, list[Step]] = {}
     for step in refs:
         by_name.setdefault(step.name, []).append(step)
-
-    # Edges between Step objects; string references resolve by name within the DAG.
-    edges: dict[Step, list[Step]] = {}
-    inputs: dict[Step, dict[str, tuple[Step, OutputOf]]] = {}
+    inputs: dict[Step, _Inputs] = {}
     for step, step_refs in refs.items():
-        edges[step] = []
         inputs[step] = {}
         for path, placeholder in step_refs.inputs.items():
             up = placeholder.step
@@ -222,21 +242,18 @@ def build_dag(roots: Sequence[Step], prefix: str) -> Dag:
                         "DAG; pass that step to executor_main or use output_of(<Step object>)"
                     )
                 up = candidates[0]
-            edges[step].append(up)
             inputs[step][path] = (up, placeholder)
+    return inputs
 
-    cycle = graph.find_cycle(edges)
-    if cycle:
-        raise GraphError("the steps form a cycle: " + " -> ".join(s.name for s in cycle))
 
-    # Upstreams before dependents, in declaration order: plans read like the experiment file.
-    order = graph.depth_first_order(edges, list(roots))
-    identities: dict[Step, Identity] = {}
-    for step in order:
-        upstream = {path: (identities[up].hash, ph.sub) for path, (up, ph) in inputs[step].items()}
-        identities[step] = compute_identity(step.name, step.version, refs[step].versioned, upstream, prefix)
-
-    # Collapse equal identities; the same name with different identities is an error.
+def _collapse(
+    order: Sequence[Step],
+    identities: Mapping[Step, Identity],
+    refs: Mapping[Step, ConfigRefs],
+    inputs: Mapping[Step, _Inputs],
+    prefix: str,
+) -> dict[str, StepNode]:
+    """One node per identity, in `order`; the same name with different identities is an error."""
     nodes: dict[str, StepNode] = {}
     label_of_name: dict[str, str] = {}
     for step in order:
@@ -250,10 +267,9 @@ def build_dag(roots: Sequence[Step], prefix: str) -> Dag:
                 "give them distinct names or make their versioned values equal"
             )
         label_of_name[step.name] = ident.label
-        deps = tuple(dict.fromkeys(identities[up].label for up, ph in inputs[step].values() if ph.blocking))
-        soft = tuple(
-            dict.fromkeys(identities[up].label for up, ph in inputs[step].values() if not ph.blocking)
-        )
+        step_inputs = inputs[step].values()
+        deps = tuple(dict.fromkeys(identities[up].label for up, ph in step_inputs if ph.blocking))
+        soft = tuple(dict.fromkeys(identities[up].label for up, ph in step_inputs if not ph.blocking))
         nodes[ident.label] = StepNode(
             step=step,
             identity=ident,
@@ -263,8 +279,7 @@ def build_dag(roots: Sequence[Step], prefix: str) -> Dag:
             refs=refs[step],
             inputs={path: identities[up].label for path, (up, _ph) in inputs[step].items()},
         )
-    root_labels = tuple(dict.fromkeys(identities[s].label for s in roots))
-    return Dag(prefix=prefix, nodes=MappingProxyType(nodes), roots=root_labels)
+    return nodes
 
 
 def labels_matching(dag: Dag, pattern: str | None) -> set[str]:
