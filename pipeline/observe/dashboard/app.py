@@ -34,7 +34,7 @@ from pipeline.errors import StorageError
 from pipeline.observe.dag_render import DagNode, state_color, to_svg
 from pipeline.observe.dashboard import data
 from pipeline.observe.render import is_table
-from pipeline.storage.files import open_storage
+from pipeline.storage.files import Storage, open_storage
 from pipeline.storage.step_store import StepStore
 
 __all__ = ["MAX_DAG_NODES", "MAX_TABLE_ROWS", "create_app"]
@@ -150,18 +150,7 @@ def create_app(prefix: str) -> FastAPI:
     store = StepStore(storage)
     app = FastAPI(title="Drydock dashboard", docs_url=None, redoc_url=None, openapi_url=None)
     app.mount("/static", StaticFiles(directory=os.path.join(HERE, "static")), name="static")
-    templates = Jinja2Templates(directory=os.path.join(HERE, "templates"))
-    env = templates.env
-    env.filters.update(
-        time=_fmt_time,
-        duration=_fmt_duration,
-        number=_fmt_number,
-        pretty=_pretty,
-        progress=_fmt_progress,
-        is_table=is_table,
-    )
-    # Links are paths, not absolute URLs: they keep working through an SSH tunnel or a proxy.
-    env.globals.update(prefix=prefix, state_color=_badge_color, path_for=app.url_path_for)
+    templates = _templates(app, prefix)
 
     def page(request: Request, template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
         return templates.TemplateResponse(request, template, context, status_code=status_code)
@@ -222,32 +211,58 @@ def create_app(prefix: str) -> FastAPI:
             detail = data.read_step(store, prefix, label)
         except data.NotFound as e:
             return error_page(request, 404, str(e))
-        latest_log = None
-        if detail.logs:
-            text, _cut = data.read_log(storage, prefix, label, detail.logs[-1])
-            lines = text.splitlines()
-            latest_log = (detail.logs[-1], "\n".join(lines[-LOG_TAIL_LINES:]), len(lines) > LOG_TAIL_LINES)
-        chart = None
-        if detail.metrics is not None:
-            chart = {
-                "steps": list(detail.metrics.steps),
-                "loss": list(detail.metrics.loss),
-                "learning_rate": list(detail.metrics.learning_rate),
-            }
-        return page(
-            request,
-            "step.html",
-            detail=detail,
-            # Only for the breadcrumb link back; a name that is not an experiment id is dropped.
-            experiment=experiment if experiment and _EXPERIMENT_ID.match(experiment) else None,
-            latest_log=latest_log,
-            chart=chart,
-            last_metrics=_finite(dict(detail.metrics.last)) if detail.metrics else {},
-        )
+        # Only for the breadcrumb link back; a name that is not an experiment id is dropped.
+        experiment = experiment if experiment and _EXPERIMENT_ID.match(experiment) else None
+        return page(request, "step.html", experiment=experiment, **_step_context(storage, prefix, detail))
+
+    _add_api(app, store, prefix)
+    return app
+
+
+def _templates(app: FastAPI, prefix: str) -> Jinja2Templates:
+    templates = Jinja2Templates(directory=os.path.join(HERE, "templates"))
+    env = templates.env
+    env.filters.update(
+        time=_fmt_time,
+        duration=_fmt_duration,
+        number=_fmt_number,
+        pretty=_pretty,
+        progress=_fmt_progress,
+        is_table=is_table,
+    )
+    # Links are paths, not absolute URLs: they keep working through an SSH tunnel or a proxy.
+    env.globals.update(prefix=prefix, state_color=_badge_color, path_for=app.url_path_for)
+    return templates
+
+
+def _step_context(storage: Storage, prefix: str, detail: data.StepDetail) -> dict[str, Any]:
+    """What the step page shows besides the detail itself: the latest log's tail and the chart."""
+    latest_log = None
+    if detail.logs:
+        text, _cut = data.read_log(storage, prefix, detail.label, detail.logs[-1])
+        lines = text.splitlines()
+        latest_log = (detail.logs[-1], "\n".join(lines[-LOG_TAIL_LINES:]), len(lines) > LOG_TAIL_LINES)
+    chart = None
+    if detail.metrics is not None:
+        chart = {
+            "steps": list(detail.metrics.steps),
+            "loss": list(detail.metrics.loss),
+            "learning_rate": list(detail.metrics.learning_rate),
+        }
+    return {
+        "detail": detail,
+        "latest_log": latest_log,
+        "chart": chart,
+        "last_metrics": _finite(dict(detail.metrics.last)) if detail.metrics else {},
+    }
+
+
+def _add_api(app: FastAPI, store: StepStore, prefix: str) -> None:
+    """The JSON routes: the same data as the pages, for tools."""
 
     @app.get("/api/experiments")
     def api_experiments() -> JSONResponse:
-        return JSONResponse(_plain(data.list_experiments(storage, prefix)))
+        return JSONResponse(_plain(data.list_experiments(store.storage, prefix)))
 
     @app.get("/api/experiments/{manifest_id}")
     def api_experiment(manifest_id: str) -> JSONResponse:
@@ -264,5 +279,3 @@ def create_app(prefix: str) -> FastAPI:
             return JSONResponse(_plain(data.read_step(store, prefix, label)))
         except data.NotFound as e:
             return JSONResponse({"error": str(e)}, status_code=404)
-
-    return app
