@@ -89,3 +89,26 @@ def fresh_probe(config: ProbeConfig) -> None:
 
 
 step_function(fresh_probe, fresh_process=True)
+
+
+def in_ray_worker(x: int) -> tuple[int, bool]:
+    """Runs where `parallel_map` sends it: says whether that is a Ray worker."""
+    import ray
+
+    return x * x, ray.is_initialized()
+
+
+@dataclass(frozen=True)
+class FanConfig:
+    output: str
+    n: int = 3
+
+
+def fan_out(config: FanConfig) -> None:
+    """A step that fans out with `pipeline.run.parallel.parallel_map` and records where it ran."""
+    from pipeline.run.parallel import parallel_map
+
+    results = sorted(parallel_map(in_ray_worker, [(i,) for i in range(config.n)], max_workers=2))
+    os.makedirs(config.output, exist_ok=True)
+    with open(os.path.join(config.output, "fan.json"), "w") as f:
+        json.dump(results, f)

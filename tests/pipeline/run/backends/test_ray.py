@@ -190,3 +190,13 @@ def test_fresh_process_steps_never_share_a_worker(tmp_path):
     assert run(steps, prefix, max_concurrent=1).ok
     pids = {read_probe(only_dir(prefix, f"fresh/{i}"))["pid"] for i in range(3)}
     assert len(pids) == 3
+
+
+def test_parallel_work_inside_a_step_becomes_ray_tasks(tmp_path):
+    from tests.pipeline.run.backends.rayfns import FanConfig, fan_out
+
+    step = Step("fan", fan_out, FanConfig(this_output(), versioned(3)))
+    report = run_experiment([step], ExecutorMainConfig(prefix=str(tmp_path / "p"), backend="ray"))
+    assert isinstance(report, RunReport) and report.ok
+    (out,) = (tmp_path / "p").glob("fan-*/fan.json")
+    assert json.loads(out.read_text()) == [[0, True], [1, True], [4, True]]
