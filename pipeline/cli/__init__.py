@@ -98,7 +98,7 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         "dashboard",
-        "pipeline.observe.dashboard",
+        "pipeline.cli.dashboard",
         "main",
         "drydock dashboard [--prefix P] [--port N] [--host H]",
         "serve a read-only web page of the prefix: experiments, DAGs, steps, loss curves\n"

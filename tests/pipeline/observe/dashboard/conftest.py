@@ -76,7 +76,7 @@ class Server:
 
 def start_dashboard(prefix: str, *extra: str) -> Server:
     """`drydock dashboard`'s entry point in a child process, on a free port; waits for its URL line."""
-    code = "import sys; from pipeline.observe.dashboard import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from pipeline.cli.dashboard import main; sys.exit(main(sys.argv[1:]))"
     process = subprocess.Popen(
         [sys.executable, "-c", code, "--prefix", prefix, "--port", "0", *extra],
         cwd=REPO,

@@ -127,7 +127,7 @@ def test_binds_loopback_by_default(dashboard):
 
 
 def run_main(*args: str) -> subprocess.CompletedProcess[str]:
-    code = "import sys; from pipeline.observe.dashboard import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from pipeline.cli.dashboard import main; sys.exit(main(sys.argv[1:]))"
     return subprocess.run(
         [sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=60
     )
@@ -176,7 +176,7 @@ def test_importing_the_package_loads_no_web_framework():
 
 
 def test_help_and_bad_options(capsys, tmp_path):
-    from pipeline.observe.dashboard import main
+    from pipeline.cli.dashboard import main
 
     assert main(["--help"]) == 0
     assert "--prefix" in capsys.readouterr().out
