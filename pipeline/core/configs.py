@@ -10,11 +10,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
+import functools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.core.identity import relativize
 from pipeline.errors import StepDeclarationError
 from pipeline.step import OutputOf, Step, ThisOutput, Versioned
 
@@ -33,8 +35,17 @@ class ConfigRefs:
     """`this_output` placeholders."""
 
 
+_LEAVES = frozenset({str, int, float, bool, type(None)})
+
+
 def _join(path: str, key: str | int) -> str:
     return f"{path}.{key}" if path else str(key)
+
+
+@functools.lru_cache(maxsize=1024)
+def _field_names(cls: type) -> tuple[str, ...]:
+    # dataclasses.fields() builds a fresh tuple per call; a large DAG asks once per config.
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 def _children(value: Any) -> Iterator[tuple[str | int, Any]] | None:
@@ -67,6 +78,8 @@ def collect_refs(step_name: str, config: Any) -> ConfigRefs:
 
 
 def _collect(step: str, value: Any, path: str, in_versioned: bool, refs: ConfigRefs, seen: set[int]) -> None:
+    if type(value) in _LEAVES:  # the common case first: configs are mostly plain values
+        return
     if isinstance(value, Versioned):
         _collect(step, value.value, path, True, refs, seen)
         if path not in refs.versioned:
@@ -102,25 +115,44 @@ def _collect(step: str, value: Any, path: str, in_versioned: bool, refs: ConfigR
     seen.discard(id(value))
 
 
-def to_plain(step: str, path: str, value: Any, *, strict: bool) -> Any:
+def to_plain(
+    step: str,
+    path: str,
+    value: Any,
+    *,
+    strict: bool,
+    render: Callable[[OutputOf | ThisOutput], str] | None = None,
+    prefix: str | None = None,
+) -> Any:
     """Convert a config value to plain JSON-ready data.
 
     Dataclasses become dicts with a `__class__` key (so two config classes with the same fields
     differ), tuples become lists, enums their value, floats are canonical (integral floats
     become ints, so `versioned(3)` and `versioned(3.0)` are one identity; NaN/inf are strings).
-    Placeholders become `{"__output_of__": ...}` markers. With `strict`, anything else is an
-    error naming the field; without it (recording a full config), it becomes its `repr`.
+    Placeholders become `{"__output_of__": ...}` markers, or `render(placeholder)` when given.
+    With `prefix`, strings under it are written relative to it (`identity.relativize`). With
+    `strict`, anything else is an error naming the field; without it (recording a full config),
+    it becomes its `repr`.
     """
-    if value is None or isinstance(value, bool | int | str):
+    kind = type(value)
+    if kind is str:
+        return relativize(value, prefix) if prefix is not None else value
+    if kind is int or kind is bool or value is None:
+        return value
+    if isinstance(value, str):
+        return relativize(value, prefix) if prefix is not None else value
+    if isinstance(value, bool | int):
         return value
     if isinstance(value, float):
         if math.isnan(value) or math.isinf(value):
             return repr(value)
         return int(value) if value.is_integer() and abs(value) < 2**53 else value
     if isinstance(value, enum.Enum):
-        return to_plain(step, path, value.value, strict=strict)
+        return to_plain(step, path, value.value, strict=strict, render=render, prefix=prefix)
     if isinstance(value, Versioned):
-        return to_plain(step, path, value.value, strict=strict)
+        return to_plain(step, path, value.value, strict=strict, render=render, prefix=prefix)
+    if render is not None and isinstance(value, OutputOf | ThisOutput):
+        return render(value)
     if isinstance(value, OutputOf):
         upstream = value.step if isinstance(value.step, str) else value.step.name
         return {"__output_of__": upstream, "sub": value.sub}
@@ -128,11 +160,16 @@ def to_plain(step: str, path: str, value: Any, *, strict: bool) -> Any:
         return {"__this_output__": value.sub}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out: dict[str, Any] = {"__class__": type(value).__qualname__}
-        for f in dataclasses.fields(value):
-            out[f.name] = to_plain(step, _join(path, f.name), getattr(value, f.name), strict=strict)
+        for name in _field_names(type(value)):
+            out[name] = to_plain(
+                step, _join(path, name), getattr(value, name), strict=strict, render=render, prefix=prefix
+            )
         return out
     if isinstance(value, list | tuple):
-        return [to_plain(step, _join(path, i), v, strict=strict) for i, v in enumerate(value)]
+        return [
+            to_plain(step, _join(path, i), v, strict=strict, render=render, prefix=prefix)
+            for i, v in enumerate(value)
+        ]
     if isinstance(value, dict):
         result = {}
         for k, v in value.items():
@@ -140,7 +177,7 @@ def to_plain(step: str, path: str, value: Any, *, strict: bool) -> Any:
                 if strict:
                     raise StepDeclarationError(step, f"dict keys must be strings, got {k!r}", field=path)
                 k = repr(k)
-            result[k] = to_plain(step, _join(path, k), v, strict=strict)
+            result[k] = to_plain(step, _join(path, k), v, strict=strict, render=render, prefix=prefix)
         return result
     if strict:
         raise StepDeclarationError(

@@ -18,12 +18,12 @@ from types import MappingProxyType
 from typing import Any
 
 from pipeline.core import graph
-from pipeline.core.configs import ConfigRefs, collect_refs, resolve_config
-from pipeline.core.identity import NAME_PART, Identity, compute_identity
+from pipeline.core.configs import ConfigRefs, collect_refs, resolve_config, to_plain
+from pipeline.core.identity import NAME_PART, PREFIX_TOKEN, Identity, compute_identity
 from pipeline.errors import GraphError, StepDeclarationError
 from pipeline.step import OutputOf, Resources, Step, ThisOutput
 
-__all__ = ["Dag", "StepNode", "build_dag", "fn_import_path", "join_path", "resolved_config"]
+__all__ = ["Dag", "StepNode", "build_dag", "drift_config", "fn_import_path", "join_path", "resolved_config"]
 
 _NAME_PART = re.compile(rf"^{NAME_PART}$")
 
@@ -202,6 +202,7 @@ _Inputs = dict[str, tuple[Step, OutputOf]]
 def _discover(roots: Sequence[Step]) -> dict[Step, ConfigRefs]:
     """Every Step reachable through output_of placeholders, with its config's references."""
     refs: dict[Step, ConfigRefs] = {}
+    validated = set(roots)  # a step referenced by many others is checked once
     stack = list(roots)
     while stack:
         step = stack.pop()
@@ -210,7 +211,9 @@ def _discover(roots: Sequence[Step]) -> dict[Step, ConfigRefs]:
         refs[step] = collect_refs(step.name, step.config)
         for path, placeholder in refs[step].inputs.items():
             if isinstance(placeholder.step, Step):
-                _validate_step(placeholder.step, referrer=f"step {step.name!r} field `{path}`")
+                if placeholder.step not in validated:
+                    _validate_step(placeholder.step, referrer=f"step {step.name!r} field `{path}`")
+                    validated.add(placeholder.step)
                 stack.append(placeholder.step)
             elif not isinstance(placeholder.step, str):
                 raise StepDeclarationError(
@@ -306,3 +309,16 @@ def resolved_config(dag: Dag, label: str) -> Any:
         return join_path(base, placeholder.sub) if placeholder.sub else base
 
     return resolve_config(node.step.config, resolve)
+
+
+def drift_config(dag: Dag, label: str) -> Any:
+    """The config as drift notes compare it: `to_plain` of the resolved config with paths under the
+    prefix written relative to it (`${prefix}/...`), in one walk of the declared config."""
+    node = dag.nodes[label]
+    upstream = {id(node.refs.inputs[path]): up for path, up in node.inputs.items()}
+
+    def render(placeholder: OutputOf | ThisOutput) -> str:
+        base = f"{PREFIX_TOKEN}/{label if isinstance(placeholder, ThisOutput) else upstream[id(placeholder)]}"
+        return join_path(base, placeholder.sub) if placeholder.sub else base
+
+    return to_plain(node.name, "", node.step.config, strict=False, render=render, prefix=dag.prefix)

@@ -7,12 +7,14 @@ lists of equal length item by item, anything else compared whole. No I/O here.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
 from pipeline.core.identity import relativize
 
-__all__ = ["MISSING", "config_drift", "json_diff", "short"]
+__all__ = ["MISSING", "config_drift", "drift_digest", "json_diff", "short"]
 
 MISSING: Any = object()
 """Stands for a key that one side of a diff does not have."""
@@ -40,6 +42,14 @@ def short(value: Any, width: int = 40) -> str:
     """`repr(value)` cut to `width` characters; `(absent)` for MISSING."""
     text = "(absent)" if value is MISSING else repr(value)
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def drift_digest(fingerprint: str, config: Any) -> str:
+    """A short hash of what drift notes compare: the code fingerprint and the relativized config
+    (`dag.drift_config`). Recorded with SUCCESS, so a cached plan diffs `.step.json` only when it
+    differs."""
+    text = json.dumps([fingerprint, config], sort_keys=True, separators=(",", ":"), default=repr)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def config_drift(

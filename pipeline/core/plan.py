@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
@@ -117,12 +117,15 @@ def make_plan(
     current_info: Callable[[str], Mapping[str, Any]] | None = None,
     alive: Callable[[int, str | None], bool] = pid_alive,
     strict: bool = True,
+    unchanged: Collection[str] = (),
 ) -> Plan:
     """Plan `dag` against `snapshot` (step output path -> record).
 
     `current_info(label)` gives the current `.step.json` content of a step; with it, cached
-    steps get drift notes. `only` and `force` are regexes on step names. A step whose `.status`
-    is corrupt is an error unless it is forced (or `strict` is off, for status displays).
+    steps get drift notes, except the `unchanged` ones (labels whose recorded config and code are
+    known to equal the current ones, by the digests recorded with their SUCCESS). `only` and
+    `force` are regexes on step names. A step whose `.status` is corrupt is an error unless it is
+    forced (or `strict` is off, for status displays).
     """
     forced = labels_matching(dag, force)
     steps: dict[str, StepPlan] = {}
@@ -144,7 +147,8 @@ def make_plan(
                 raise StorageError(f"step {node.name!r}: {record.corrupt}")
             steps[label] = StepPlan(state=State.RUN, reason=f"CORRUPT: {record.corrupt}", **common)
         elif record.succeeded:
-            notes = config_drift(record.step_json, current_info(label)) if current_info else []
+            drifted = current_info is not None and label not in unchanged
+            notes = config_drift(record.step_json, current_info(label)) if drifted else []
             reason = "cached" + (f"; {notes[0]}" if notes else "")
             steps[label] = StepPlan(state=State.CACHED, reason=reason, notes=tuple(notes), **common)
         elif record.state == Event.RUNNING and not is_stale(record.lease, now, local_host, alive):

@@ -35,7 +35,7 @@ from pipeline.run.backends.base import Backend, StepTask
 from pipeline.run.fence import LeaseExpired
 from pipeline.run.heartbeat import Heartbeat
 from pipeline.run.hooks import call_hook, step_summary
-from pipeline.run.provenance import step_info
+from pipeline.run.provenance import drift_digest_of, step_info
 from pipeline.run.reporter import Reporter
 from pipeline.step import hooks_of
 from pipeline.storage.step_store import AlreadyDone, Held, StepStore
@@ -312,8 +312,9 @@ class _Execution:
             # Whatever happened, the lease goes (a no-op if released above or no longer ours).
             self.store.release(step_dir, self.owner, token)
 
-    def _write_step_json(self, label: str, attempt: int, token: int, started: float) -> Any:
-        """Record `.step.json` for this attempt; returns the resolved config the function gets."""
+    def _write_step_json(self, label: str, attempt: int, token: int, started: float) -> tuple[Any, str]:
+        """Record `.step.json` for this attempt; returns the resolved config the function gets
+        and the file's content digest."""
         node = self.dag.nodes[label]
         config = resolved_config(self.dag, label)
         info = step_info(self.dag, label, config)
@@ -322,14 +323,13 @@ class _Execution:
         if summary:
             info["summary"] = summary
         info.update(run_id=self.owner.run_id, attempt=attempt, token=token, started=started)
-        self.store.write_step_json(node.output_path, info)
-        return config
+        return config, self.store.write_step_json(node.output_path, info)
 
     def _run_and_commit(self, label: str, attempt: int, token: int, started: float) -> _Event:
         """Run the step function through the backend, check it wrote output, commit SUCCESS."""
         node = self.dag.nodes[label]
         step_dir = node.output_path
-        config = self._write_step_json(label, attempt, token, started)
+        config, step_json = self._write_step_json(label, attempt, token, started)
         self.report(label, "RUNNING", f"attempt {attempt}" if attempt > 1 else "")
         self.backend.run(
             StepTask(
@@ -354,7 +354,9 @@ class _Execution:
                 f"under its output directory {step_dir}"
             )
         ended = self.clock()
-        data: dict[str, Any] = {"duration": ended - started}
+        # The digests let a later plan skip reading and diffing `.step.json` (pipeline.core.drift).
+        drift = drift_digest_of(self.dag, label)
+        data: dict[str, Any] = {"duration": ended - started, "drift": drift, "step_json": step_json}
         report = _recordable(call_hook(hooks_of(node.step.fn).report, config, "no report"))
         if report is not None:
             data["report"] = report  # shown by the dashboard, which does not import step code

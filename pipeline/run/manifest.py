@@ -10,6 +10,7 @@ the experiment file. Where it is stored: `pipeline.storage.manifests`.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Mapping
@@ -19,12 +20,15 @@ from pipeline.core.dag import fn_import_path
 from pipeline.core.plan import Plan
 from pipeline.core.report import RunReport
 from pipeline.run.recipe import recipe_entries
+from pipeline.storage.manifests import encode_lines
 
 __all__ = ["ManifestBuilder"]
 
 
 class ManifestBuilder:
-    """Builds the manifest document of one run; `document(report)` at its start and its end."""
+    """Builds the manifest of one run, written at its start (`encode()`) and its end
+    (`encode(report)`). Each step's unchanging part (name, paths, deps, recipe) is encoded to
+    JSON once, when the builder is made, and only that text is kept."""
 
     def __init__(
         self,
@@ -38,12 +42,16 @@ class ManifestBuilder:
         source_file: str | None = None,
         recipes: Mapping[str, Any] | None = None,
     ) -> None:
-        self.plan = plan
         dag = plan.dag
         if recipes is None:
             recipes = recipe_entries(dag, source_file)
-        self._steps = [
-            {
+        self._labels: list[tuple[str, str]] = []
+        """(label, planned state) per step, in order."""
+        self._static: list[str] = []
+        """Each step's unchanging fields as a JSON object without its closing brace."""
+        for label, node in dag.nodes.items():
+            planned = plan.steps[label].state.value
+            entry = {
                 "name": node.name,
                 "label": label,
                 "hash": node.identity.hash,
@@ -51,12 +59,12 @@ class ManifestBuilder:
                 "fn": fn_import_path(node.step.fn),
                 "deps": list(node.deps),
                 "soft_deps": list(node.soft_deps),
-                "planned": plan.steps[label].state.value,
+                "planned": planned,
                 "reason": plan.steps[label].reason,
                 "recipe": recipes[label],
             }
-            for label, node in dag.nodes.items()
-        ]
+            self._labels.append((label, planned))
+            self._static.append(json.dumps(entry, default=str)[:-1])
         self._head = {
             "experiment": experiment,
             "description": description,
@@ -70,29 +78,37 @@ class ManifestBuilder:
             **env,
         }
 
-    def document(self, report: RunReport | None = None) -> dict[str, Any]:
-        """The manifest; without `report`, states are the planned ones."""
-        steps = []
-        for entry in self._steps:
-            label = entry["label"]
-            if report is not None:
-                outcome = report.outcomes[label]
-                extra: dict[str, Any] = {
-                    "state": outcome.state.value,
-                    "started": outcome.started,
-                    "ended": outcome.ended,
-                    "duration": outcome.duration,
-                    "attempts": outcome.attempts,
-                    "error": outcome.error,
-                }
-            else:
-                extra = {"state": entry["planned"]}
-            steps.append({**entry, **extra})
-        return {
+    def encode(self, report: RunReport | None = None) -> bytes:
+        """The manifest as the bytes `pipeline.storage.manifests.encode_manifest` writes; without
+        `report`, states are the planned ones."""
+        lines = [
+            f"{static}, {json.dumps(_outcome(label, planned, report), default=str)[1:]}"
+            for static, (label, planned) in zip(self._static, self._labels, strict=True)
+        ]
+        head = {
             **self._head,
             "updated": time.time(),
             "finished": report is not None,
             "exit_code": report.exit_code if report is not None else None,
             **self._tail,
-            "steps": steps,
         }
+        return encode_lines(head, lines)
+
+    def document(self, report: RunReport | None = None) -> dict[str, Any]:
+        """The manifest as a dict (what `encode` writes, read back)."""
+        return json.loads(self.encode(report))
+
+
+def _outcome(label: str, planned: str, report: RunReport | None) -> dict[str, Any]:
+    """A step's fields that a run fills in: its state, timings, attempts and error."""
+    if report is None:
+        return {"state": planned}
+    outcome = report.outcomes[label]
+    return {
+        "state": outcome.state.value,
+        "started": outcome.started,
+        "ended": outcome.ended,
+        "duration": outcome.duration,
+        "attempts": outcome.attempts,
+        "error": outcome.error,
+    }

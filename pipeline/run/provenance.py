@@ -20,10 +20,12 @@ from collections.abc import Callable
 from typing import Any
 
 from pipeline.core.configs import to_plain
-from pipeline.core.dag import Dag, fn_import_path, resolved_config
+from pipeline.core.dag import Dag, drift_config, fn_import_path, resolved_config
+from pipeline.core.drift import drift_digest
 
 __all__ = [
     "code_fingerprint",
+    "drift_digest_of",
     "environment_info",
     "step_info",
 ]
@@ -57,6 +59,12 @@ def code_fingerprint(fn: Callable[..., Any]) -> str:
         return _fingerprint_cached(fn)
     except TypeError:  # unhashable callable
         return hashlib.sha256(fn_import_path(fn).encode()).hexdigest()[:16]
+
+
+def drift_digest_of(dag: Dag, label: str) -> str:
+    """The drift digest of a step as declared now (`pipeline.core.drift.drift_digest`): recorded
+    with its SUCCESS, compared by later plans."""
+    return drift_digest(code_fingerprint(dag.nodes[label].step.fn), drift_config(dag, label))
 
 
 def step_info(dag: Dag, label: str, config: Any | None = None) -> dict[str, Any]:

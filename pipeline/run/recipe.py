@@ -104,6 +104,8 @@ def encode_value(
 
     `main_module` is the importable name of the experiment file, for code defined in `__main__`.
     """
+    if type(value) in _PLAIN:  # the common case first: configs are mostly plain values
+        return value
     if value is None or isinstance(value, bool | int | str):
         return value
     if isinstance(value, float):
@@ -159,6 +161,9 @@ def _field_names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
 
 
+_PLAIN = frozenset({str, int, bool, type(None)})
+
+
 def _join(path: str, key: str | int) -> str:
     return f"{path}.{key}" if path else str(key)
 
@@ -179,13 +184,21 @@ def encode_step(
 ) -> dict[str, Any]:
     """The `recipe` entry of one manifest step: everything `Step(...)` was called with."""
     step = dag.nodes[label].step
+    if step.resources == _DEFAULT_RESOURCES:  # most steps: encoded once, not once per step
+        resources = _DEFAULT_RESOURCES_ENCODED
+    else:
+        resources = encode_value(step.resources, labels, step.name, "resources", main_module)
     return {
         "fn": importable_name(step.fn, main_module),
         "version": step.version,
         "description": step.description,
         "config": encode_value(step.config, labels, step.name, "", main_module),
-        "resources": encode_value(step.resources, labels, step.name, "resources", main_module),
+        "resources": resources,
     }
+
+
+_DEFAULT_RESOURCES = Resources()
+_DEFAULT_RESOURCES_ENCODED = encode_value(_DEFAULT_RESOURCES, {}, "", "resources")
 
 
 def recipe_entries(dag: Dag, source_file: str | None = None) -> dict[str, dict[str, Any] | str]:

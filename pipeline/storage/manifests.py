@@ -22,6 +22,7 @@ from pipeline.storage.layout import MANIFEST_DIR, TMP_PREFIX, join_path, manifes
 
 __all__ = [
     "ManifestError",
+    "encode_lines",
     "encode_manifest",
     "experiment_name",
     "is_manifest",
@@ -56,10 +57,13 @@ def manifest_path(prefix: str, labels: Iterable[str], experiment: str) -> str:
 
 def encode_manifest(manifest: Mapping[str, Any]) -> bytes:
     """The manifest as JSON bytes, one step per line."""
-    steps = manifest.get("steps", [])
     head = {k: v for k, v in manifest.items() if k != "steps"}
-    lines = [json.dumps(step, default=str) for step in steps]
-    body = json.dumps(head, default=str)[:-1] + ', "steps": [\n' + ",\n".join(lines) + "\n]}\n"
+    return encode_lines(head, [json.dumps(step, default=str) for step in manifest.get("steps", [])])
+
+
+def encode_lines(head: Mapping[str, Any], step_lines: list[str]) -> bytes:
+    """A manifest from its fields but `steps`, and each step already encoded as one JSON line."""
+    body = json.dumps(head, default=str)[:-1] + ', "steps": [\n' + ",\n".join(step_lines) + "\n]}\n"
     return body.encode()
 
 

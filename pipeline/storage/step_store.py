@@ -22,6 +22,7 @@ instead of building on it. The records read here are values of `pipeline.core.re
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -43,7 +44,12 @@ from pipeline.errors import StorageError
 from pipeline.storage.files import LocalStorage, Storage
 from pipeline.storage.layout import CORRUPT_PREFIX, LEASE, PROGRESS, STATUS, STEP_JSON, is_payload
 
-__all__ = ["Acquired", "AlreadyDone", "Held", "StepStore"]
+__all__ = ["Acquired", "AlreadyDone", "Held", "StepStore", "content_digest"]
+
+
+def content_digest(data: bytes) -> str:
+    """A short hash of a file's bytes."""
+    return hashlib.sha256(data).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -93,13 +99,19 @@ class StepStore:
             lease = LeaseRecord.parse(self.storage.read(f"{step_dir}/{LEASE}"))
         return StepRecord(events, step_json, lease)
 
-    def records(self, step_dirs: Iterable[str], *, threads: int = 16) -> dict[str, StepRecord]:
+    def records(
+        self, step_dirs: Iterable[str], *, with_metadata: bool = True, threads: int = 16
+    ) -> dict[str, StepRecord]:
         """Records of many step directories: the snapshot a plan is made from."""
         dirs = list(dict.fromkeys(step_dirs))
+
+        def one(d: str) -> StepRecord:
+            return self.record(d, with_metadata=with_metadata)
+
         if isinstance(self.storage, LocalStorage) or len(dirs) < 64:
-            return {d: self.record(d) for d in dirs}
+            return {d: one(d) for d in dirs}
         with ThreadPoolExecutor(threads) as pool:  # object stores: latency-bound, read in parallel
-            return dict(zip(dirs, pool.map(self.record, dirs), strict=True))
+            return dict(zip(dirs, pool.map(one, dirs), strict=True))
 
     def events(self, step_dir: str) -> tuple[StatusEvent, ...]:
         path = f"{step_dir}/{STATUS}"
@@ -141,8 +153,17 @@ class StepStore:
 
     # -- writing ------------------------------------------------------------------------------
 
-    def write_step_json(self, step_dir: str, info: Mapping[str, Any]) -> None:
-        self.storage.write(f"{step_dir}/{STEP_JSON}", json.dumps(info, indent=2, sort_keys=True).encode())
+    def write_step_json(self, step_dir: str, info: Mapping[str, Any]) -> str:
+        """Write `.step.json`; returns its `content_digest`, for the SUCCESS event."""
+        data = json.dumps(info, indent=2, sort_keys=True).encode()
+        self.storage.write(f"{step_dir}/{STEP_JSON}", data)
+        return content_digest(data)
+
+    def step_json_digest(self, step_dir: str) -> str | None:
+        """The `content_digest` of `.step.json` as it is now (None if there is none): equal to the
+        one recorded at commit unless someone changed the file since."""
+        data = self.storage.read(f"{step_dir}/{STEP_JSON}")
+        return None if data is None else content_digest(data)
 
     def acquire(
         self,
