@@ -226,8 +226,8 @@ def _row(point: ScalingPoint) -> dict[str, Any]:
     }
 
 
-def scaling_fit(config: ScalingFitConfig) -> dict[str, Any]:
-    """Fit the law to the evaluated grid, predict the target, write fit.json and fit.png."""
+def _read_points(config: ScalingFitConfig) -> tuple[list[dict[str, Any]], dict[str, Any], float | None]:
+    """The grid's rows with their measured losses, the target's row, and its measured loss."""
     try:
         check_settings(config.level, config.resamples, config.huber_delta)
         rows = [_row(p) for p in config.points]
@@ -250,6 +250,12 @@ def scaling_fit(config: ScalingFitConfig) -> dict[str, Any]:
     except ScalingFitError as e:
         # The step function does not know its step's name (the executor adds it): say which kind.
         raise ScalingFitError(e.message, e.field, step="scaling_fit") from None
+    return rows, target, measured
+
+
+def scaling_fit(config: ScalingFitConfig) -> dict[str, Any]:
+    """Fit the law to the evaluated grid, predict the target, write fit.json and fit.png."""
+    rows, target, measured = _read_points(config)
     n = np.array([r["active_non_embedding_params"] for r in rows], dtype=float)
     d = np.array([r["tokens"] for r in rows], dtype=float)
     loss = np.array([r["loss"] for r in rows])
