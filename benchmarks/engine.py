@@ -54,7 +54,7 @@ from pipeline.core.lease import Owner
 from pipeline.core.plan import State, make_plan
 from pipeline.run.executor import RunReport
 from pipeline.run.experiment import prepare, unchanged_steps
-from pipeline.run.provenance import environment_info, step_info
+from pipeline.run.provenance import drift_digest_of, environment_info, step_info
 from pipeline.storage.files import open_storage
 from pipeline.storage.step_store import Acquired, StepStore
 
@@ -212,9 +212,11 @@ def populate_with_store(steps: list[Step], prefix: str) -> None:
         assert isinstance(taken, Acquired)
         info = step_info(dag, label)
         info.update(run_info, run_id=owner.run_id, attempt=1, token=taken.token, started=time.time())
-        store.write_step_json(node.output_path, info)
+        step_json = store.write_step_json(node.output_path, info)
         store.storage.write(f"{node.output_path}/out.txt", b"0\n")
-        check(store.commit(node.output_path, owner, taken.token, data={"duration": 0.0}), f"commit {label}")
+        # The digests the executor records with SUCCESS (pipeline/run/executor.py).
+        data = {"duration": 0.0, "drift": drift_digest_of(dag, label), "step_json": step_json}
+        check(store.commit(node.output_path, owner, taken.token, data=data), f"commit {label}")
 
 
 def worker(size: int, layers: int, populate: str, repeat: int, budget_s: float) -> dict[str, Any]:

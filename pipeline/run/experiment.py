@@ -85,20 +85,27 @@ def unchanged_steps(dag: Dag, store: StepStore, snapshot: dict[str, StepRecord])
     notes and `.step.json` is never parsed. Every other finished step gets its `.step.json` read
     into the snapshot, for the notes.
     """
-    unchanged = set()
+    candidates = {}  # label -> its SUCCESS's data, for the steps whose drift digest matches
+    stale = []
     for label, node in dag.nodes.items():
         record = snapshot.get(node.output_path)
         if record is None or not record.succeeded:
             continue
         recorded = record.last.data if record.last is not None else {}
-        if (
-            isinstance(recorded, Mapping)
-            and recorded.get("drift") == drift_digest_of(dag, label)
-            and recorded.get("step_json") == store.step_json_digest(node.output_path)
-        ):
+        if isinstance(recorded, Mapping) and recorded.get("drift") == drift_digest_of(dag, label):
+            candidates[label] = recorded
+        else:
+            stale.append(label)
+    files = store.step_json_digests(dag.nodes[label].output_path for label in candidates)
+    unchanged = set()
+    for label, recorded in candidates.items():
+        if recorded.get("step_json") == files[dag.nodes[label].output_path]:
             unchanged.add(label)
         else:
-            snapshot[node.output_path] = replace(record, step_json=store.read_step_json(node.output_path))
+            stale.append(label)
+    for label in stale:
+        path = dag.nodes[label].output_path
+        snapshot[path] = replace(snapshot[path], step_json=store.read_step_json(path))
     return unchanged
 
 

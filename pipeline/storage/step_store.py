@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pipeline.core.lease import LeaseRecord, Owner, is_stale
 from pipeline.core.records import (
@@ -45,6 +45,8 @@ from pipeline.storage.files import LocalStorage, Storage
 from pipeline.storage.layout import CORRUPT_PREFIX, LEASE, PROGRESS, STATUS, STEP_JSON, is_payload
 
 __all__ = ["Acquired", "AlreadyDone", "Held", "StepStore", "content_digest"]
+
+T = TypeVar("T")
 
 
 def content_digest(data: bytes) -> str:
@@ -108,10 +110,17 @@ class StepStore:
         def one(d: str) -> StepRecord:
             return self.record(d, with_metadata=with_metadata)
 
+        return self._each(dirs, one, threads)
+
+    def step_json_digests(self, step_dirs: Iterable[str], *, threads: int = 16) -> dict[str, str | None]:
+        """`step_json_digest` of many step directories (read in parallel on object stores)."""
+        return self._each(list(dict.fromkeys(step_dirs)), self.step_json_digest, threads)
+
+    def _each(self, dirs: list[str], fn: Callable[[str], T], threads: int) -> dict[str, T]:
         if isinstance(self.storage, LocalStorage) or len(dirs) < 64:
-            return {d: one(d) for d in dirs}
+            return {d: fn(d) for d in dirs}
         with ThreadPoolExecutor(threads) as pool:  # object stores: latency-bound, read in parallel
-            return dict(zip(dirs, pool.map(one, dirs), strict=True))
+            return dict(zip(dirs, pool.map(fn, dirs), strict=True))
 
     def events(self, step_dir: str) -> tuple[StatusEvent, ...]:
         path = f"{step_dir}/{STATUS}"
