@@ -19,7 +19,6 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +30,7 @@ from pipeline.core.dag import Dag
 from pipeline.core.records import Event, StatusEvent
 from pipeline.observe.live import Shown, live_state, runner_gone
 from pipeline.observe.metrics import METRICS_FILE
-from pipeline.storage.files import LocalStorage
+from pipeline.storage.files import map_reads
 from pipeline.storage.step_store import StepStore
 
 __all__ = [
@@ -118,10 +117,7 @@ def read_status(
     def one(entry: StepEntry) -> StepStatus:
         return _status(entry, store, now, local_host)
 
-    if isinstance(store.storage, LocalStorage) or len(entries) < 32:
-        return [one(e) for e in entries]
-    with ThreadPoolExecutor(threads) as pool:
-        return list(pool.map(one, entries))
+    return map_reads(store.storage, one, entries, threads=threads, minimum=32)
 
 
 def _status(entry: StepEntry, store: StepStore, now: float, local_host: str) -> StepStatus:

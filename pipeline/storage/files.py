@@ -21,7 +21,8 @@ import random
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 import fsspec
@@ -47,6 +48,7 @@ __all__ = [
     "RetryPolicy",
     "Storage",
     "is_local",
+    "map_reads",
     "normalize_prefix",
     "open_storage",
 ]
@@ -54,6 +56,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+A = TypeVar("A")
 
 
 class Storage:
@@ -343,3 +346,20 @@ def open_storage(prefix: str) -> Storage:
             protocol,
         )
     return Storage(fs)
+
+
+def map_reads(
+    storage: Storage, fn: Callable[[A], T], items: Sequence[A], *, threads: int = 16, minimum: int = 64
+) -> list[T]:
+    """`[fn(item) for item in items]`, where `fn` reads from `storage`: in parallel on object
+    stores (latency-bound) once there are `minimum` items, one by one on local disk.
+
+    The first item is read alone: until a first request has opened its HTTP session, s3fs makes a
+    new client for every concurrent call, and a cold 16-thread fan-out cost seconds per hundred
+    steps and grew the process by gigabytes (measured against moto, 2026-12-03).
+    """
+    if isinstance(storage, LocalStorage) or len(items) < minimum:
+        return [fn(item) for item in items]
+    first = fn(items[0])
+    with ThreadPoolExecutor(threads) as pool:
+        return [first, *pool.map(fn, items[1:])]

@@ -26,7 +26,6 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -41,7 +40,7 @@ from pipeline.core.records import (
     parse_status,
 )
 from pipeline.errors import StorageError
-from pipeline.storage.files import LocalStorage, Storage
+from pipeline.storage.files import Storage, map_reads
 from pipeline.storage.layout import CORRUPT_PREFIX, LEASE, PROGRESS, STATUS, STEP_JSON, is_payload
 
 __all__ = ["Acquired", "AlreadyDone", "Held", "StepStore", "content_digest"]
@@ -117,10 +116,7 @@ class StepStore:
         return self._each(list(dict.fromkeys(step_dirs)), self.step_json_digest, threads)
 
     def _each(self, dirs: list[str], fn: Callable[[str], T], threads: int) -> dict[str, T]:
-        if isinstance(self.storage, LocalStorage) or len(dirs) < 64:
-            return {d: fn(d) for d in dirs}
-        with ThreadPoolExecutor(threads) as pool:  # object stores: latency-bound, read in parallel
-            return dict(zip(dirs, pool.map(fn, dirs), strict=True))
+        return dict(zip(dirs, map_reads(self.storage, fn, dirs, threads=threads), strict=True))
 
     def events(self, step_dir: str) -> tuple[StatusEvent, ...]:
         path = f"{step_dir}/{STATUS}"

@@ -23,7 +23,6 @@ import math
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pipeline.core.identity import HASH_CHARS
@@ -41,7 +40,7 @@ from pipeline.observe.dashboard.records import (
 )
 from pipeline.observe.live import runner_gone
 from pipeline.observe.metrics import METRICS_FILE, parse_metrics
-from pipeline.storage.files import Storage
+from pipeline.storage.files import Storage, map_reads
 from pipeline.storage.layout import LOGS_DIR, is_label, is_payload, log_token, step_dir
 from pipeline.storage.manifests import list_manifests, manifest_dir
 from pipeline.storage.step_store import StepStore
@@ -184,8 +183,9 @@ def read_experiment(
     now = time.time() if now is None else now
     entries = [e for e in manifest["steps"] if isinstance(e, Mapping) and is_label(str(e.get("label", "")))]
     dirs = [step_dir(prefix, str(e["label"])) for e in entries]
-    with ThreadPoolExecutor(8) as pool:  # object stores are latency-bound; local disk does not mind
-        records = list(pool.map(lambda d: store.record(d, with_metadata=False), dirs))
+    records = map_reads(
+        store.storage, lambda d: store.record(d, with_metadata=False), dirs, threads=8, minimum=2
+    )
     local_host = host_id()
     rows = []
     for entry, directory, record in zip(entries, dirs, records, strict=True):
