@@ -129,8 +129,7 @@ def _status(entry: StepEntry, store: StepStore, now: float, local_host: str) -> 
     last = record.last
     if last is None:
         return StepStatus(entry, state)
-    runs = [e for e in record.events if e.event == Event.RUNNING]
-    latest_run = runs[-1] if runs else None
+    latest_run = record.latest_run
     detail, holder = "", ""
     if stale:
         detail = "RUNNING, but its runner is gone (its lease is stale)"
@@ -138,7 +137,7 @@ def _status(entry: StepEntry, store: StepStore, now: float, local_host: str) -> 
         holder = f"pid {record.lease.pid} on {record.lease.host.split('/')[0]}"
     attempt = None
     if latest_run is not None:
-        attempt = int(latest_run.data.get("attempt", len(runs))) if latest_run.data else len(runs)
+        attempt = int(latest_run.data.get("attempt", record.attempts)) if latest_run.data else record.attempts
     ended = last.time if last.event != Event.RUNNING else None
     progress = store.progress(entry.output_path, record.events)
     train_step, loss = _metrics_tail(store, entry.output_path)

@@ -79,8 +79,8 @@ class ManifestBuilder:
         }
 
     def encode(self, report: RunReport | None = None) -> bytes:
-        """The manifest as the bytes `pipeline.storage.manifests.encode_manifest` writes; without
-        `report`, states are the planned ones."""
+        """The manifest as JSON bytes, one step per line (`pipeline.storage.manifests.encode_lines`);
+        without `report`, states are the planned ones."""
         lines = [
             f"{static}, {json.dumps(_outcome(label, planned, report), default=str)[1:]}"
             for static, (label, planned) in zip(self._static, self._labels, strict=True)
@@ -93,10 +93,6 @@ class ManifestBuilder:
             **self._tail,
         }
         return encode_lines(head, lines)
-
-    def document(self, report: RunReport | None = None) -> dict[str, Any]:
-        """The manifest as a dict (what `encode` writes, read back)."""
-        return json.loads(self.encode(report))
 
 
 def _outcome(label: str, planned: str, report: RunReport | None) -> dict[str, Any]:

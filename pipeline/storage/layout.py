@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 
+from pipeline.core.dag import join_path
 from pipeline.core.identity import HASH_CHARS, NAME_PART
 
 __all__ = [
@@ -59,11 +60,6 @@ _HASH = rf"[0-9a-f]{{{HASH_CHARS}}}"
 LABEL = re.compile(rf"^{NAME_PART}(/{NAME_PART})*-{_HASH}$")
 """A step label: a slash-separated name, `-`, and the first HASH_CHARS hex digits of its identity."""
 _ENTRY = re.compile(rf"^(.+)-({_HASH})$")
-
-
-def join_path(base: str, sub: str) -> str:
-    """Join storage paths with `/` (fsspec paths, local or remote)."""
-    return f"{base.rstrip('/')}/{sub.strip('/')}"
 
 
 def step_dir(prefix: str, label: str) -> str:

@@ -23,7 +23,6 @@ from pipeline.storage.layout import MANIFEST_DIR, TMP_PREFIX, join_path, manifes
 __all__ = [
     "ManifestError",
     "encode_lines",
-    "encode_manifest",
     "experiment_name",
     "is_manifest",
     "list_manifests",
@@ -53,12 +52,6 @@ def manifest_path(prefix: str, labels: Iterable[str], experiment: str) -> str:
     """Where the manifest of the DAG with these step labels lives under `prefix`."""
     digest = hashlib.sha256("\n".join(sorted(labels)).encode()).hexdigest()[:HASH_CHARS]
     return join_path(prefix, manifest_name(experiment, digest))
-
-
-def encode_manifest(manifest: Mapping[str, Any]) -> bytes:
-    """The manifest as JSON bytes, one step per line."""
-    head = {k: v for k, v in manifest.items() if k != "steps"}
-    return encode_lines(head, [json.dumps(step, default=str) for step in manifest.get("steps", [])])
 
 
 def encode_lines(head: Mapping[str, Any], step_lines: list[str]) -> bytes:
