@@ -5,6 +5,8 @@
     mixture/tiny                            two phases: an even mix, then mostly prose
     train/tiny-qwen3-moe                    a Qwen3-MoE: 2 layers, d=64, 4 experts, top-2
     evaluate/tiny-qwen3-moe                 loss and bits-per-byte per validation set
+    tasks/tiny-qwen3-moe                    lm-eval-harness on the demo task suite (data/tasks):
+                                            the right sum, the true next sentence; chance 1/4
 
 Runs on a laptop CPU in a few minutes (`make run`); a second run finds everything cached.
 """
@@ -14,9 +16,11 @@ from __future__ import annotations
 import os
 
 from pipeline import Resources, executor_main
+from steps.demo_tasks import DEMO_TASKS
 from steps.evaluate import evaluate_step
 from steps.mixture import mixture_step
 from steps.moe import TINY_MOE
+from steps.task_eval import task_eval_step
 from steps.tokenize import tokenize_step
 from steps.train_moe import OptimizerSpec, train_moe_step
 
@@ -73,5 +77,7 @@ evaluation = evaluate_step(
     "evaluate/tiny-qwen3-moe", train=train, data=mixture, seq_len=SEQ_LEN, batch_size=BATCH_SIZE
 )
 
+tasks = task_eval_step("tasks/tiny-qwen3-moe", train=train, tasks=DEMO_TASKS, data_root=ROOT)
+
 if __name__ == "__main__":
-    executor_main([evaluation], description="tiny MoE: tokenize, mix, train, evaluate")
+    executor_main([evaluation, tasks], description="tiny MoE: tokenize, mix, train, evaluate")

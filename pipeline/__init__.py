@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pipeline.cli.run import executor_main
     from pipeline.errors import DrydockError, GraphError, StepDeclarationError, StorageError
+    from pipeline.observe.upstream import step_state
     from pipeline.run import step_events
     from pipeline.run.experiment import run_experiment
     from pipeline.run.options import ExecutorMainConfig
@@ -41,6 +42,7 @@ _PUBLIC = {
     "ExecutorMainConfig": "pipeline.run.options",
     "executor_main": "pipeline.cli.run",
     "run_experiment": "pipeline.run.experiment",
+    "step_state": "pipeline.observe.upstream",
     "OutputOf": "pipeline.step",
     "Resources": "pipeline.step",
     "Step": "pipeline.step",
@@ -68,6 +70,7 @@ __all__ = [
     "run_experiment",
     "step_events",
     "step_function",
+    "step_state",
     "this_output",
     "versioned",
 ]

@@ -164,6 +164,10 @@ class StepHooks:
     report: Callable[[Any], Any] | None = None
     """`report(config) -> str | Mapping | None`: what the step did, for the end-of-run summary;
     recorded with the step's SUCCESS, so the dashboard shows it without the step's code."""
+    metrics: Callable[[Any], Any] | None = None
+    """`metrics(config) -> Mapping[str, float] | None`: the step's headline numbers (a final
+    training loss, evaluation losses, task scores); recorded with its SUCCESS and compared across
+    runs by `drydock compare` and the dashboard (`pipeline.observe.compare`)."""
     fresh_process: bool = False
     """Run each call in a process of its own (a step that leaves global state behind, such as
     training, must not share a worker with the next step)."""
@@ -181,6 +185,7 @@ def step_function(
     *,
     preview: Callable[[Any], Any] | None = None,
     report: Callable[[Any], Any] | None = None,
+    metrics: Callable[[Any], Any] | None = None,
     fresh_process: bool = False,
 ) -> Any:
     """Declare a step function and its hooks; usable bare (`@step_function`) or with arguments.
@@ -191,7 +196,7 @@ def step_function(
     The function itself is returned unchanged (it stays importable under its own name); the hooks
     are read with `hooks_of`.
     """
-    hooks = StepHooks(preview, report, fresh_process)
+    hooks = StepHooks(preview, report, metrics, fresh_process)
 
     def declare(function: F) -> F:
         setattr(function, _HOOKS_ATTRIBUTE, hooks)

@@ -5,11 +5,21 @@ A checkpoint is complete once its `metadata.json` is there (Levanter writes it l
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import fsspec
 
 from steps.files import exists, read_json
 
-__all__ = ["checkpoint_at", "checkpoints_dir", "latest_checkpoint"]
+__all__ = [
+    "checkpoint_at",
+    "checkpoints_dir",
+    "complete_checkpoints",
+    "kept_steps_of",
+    "latest_checkpoint",
+    "load_model",
+]
 
 
 def checkpoints_dir(output: str) -> str:
@@ -36,3 +46,56 @@ def checkpoint_at(root: str, step: int) -> str | None:
     """The complete checkpoint of `step` under `root`, or None."""
     path = f"{root.rstrip('/')}/step-{step}"
     return path if exists(f"{path}/metadata.json") else None
+
+
+def kept_steps_of(final_step: int, interval: int | None) -> Callable[[int], bool]:
+    """Which checkpoint steps a training keeps (every `interval` steps, and the final one; None:
+    the final one only).
+    Levanter deletes its time-based checkpoints once a newer one is saved: a follower must not
+    evaluate those, or the files may vanish under it."""
+    if interval is None:
+        return lambda step: step == final_step
+    return lambda step: step == final_step or (step > 0 and step % interval == 0)
+
+
+def complete_checkpoints(root: str) -> dict[int, str]:
+    """Every complete checkpoint under `root` (a path or URL), by step."""
+    fs, plain = fsspec.core.url_to_fs(root)
+    fs.invalidate_cache()  # a listing cached by this process may predate checkpoints written since
+    found: dict[int, str] = {}
+    try:
+        entries = fs.ls(plain, detail=False)
+    except FileNotFoundError:
+        return found
+    for entry in entries:
+        name = entry.rstrip("/").rsplit("/", 1)[-1]
+        if name.startswith("step-") and name[5:].isdigit():
+            path = f"{root.rstrip('/')}/{name}"
+            if exists(f"{path}/metadata.json"):
+                found[int(name[5:])] = path
+    return found
+
+
+def load_model(train: str, checkpoint: str, vocab_size: int, parameter_mapping: Any) -> Any:
+    """The Levanter model of training output `train` (its `levanter_model.json`), with the weights
+    of `checkpoint`, sharded by `parameter_mapping`. Call inside the mesh."""
+    import dataclasses
+
+    import draccus
+    import equinox as eqx
+    import haliax as hax
+    import jax
+    from haliax import Axis
+    from haliax.partitioning import round_axis_for_partitioning
+    from levanter.checkpoint import load_checkpoint
+    from levanter.models.lm_model import LmConfig
+    from levanter.models.mixtral import MixtralConfig
+
+    model_config = draccus.decode(LmConfig, read_json(f"{train.rstrip('/')}/levanter_model.json"))
+    if isinstance(model_config, MixtralConfig):
+        # Mixtral adds its auxiliary router losses to every position's loss: evaluate pure cross-entropy.
+        model_config = dataclasses.replace(model_config, lbl_coef=None, rzl_coef=None)
+    vocab = round_axis_for_partitioning(Axis("vocab", vocab_size), parameter_mapping)
+    model = eqx.filter_eval_shape(model_config.build, vocab, key=jax.random.PRNGKey(0))
+    model = load_checkpoint(model, checkpoint, subpath="model")
+    return hax.shard_with_axis_mapping(model, parameter_mapping)

@@ -1,29 +1,32 @@
 """The `evaluate` step: loss, bits-per-byte and perplexity per validation set, from a checkpoint.
 
 Inputs are a train_moe step's output (its `checkpoints/` and `levanter_model.json`) and the
-validation sets of a mixture step's data config. `checkpoint_step=None` takes the latest
-complete checkpoint, so `output_of(train, blocking=False)` can evaluate a run that is still
-going. Outputs, under the step's directory:
+validation sets of a mixture step's data config. By default it waits for the training and
+evaluates its final checkpoint (or `checkpoint_step`). With `follow=True` it runs beside the
+training and evaluates each kept checkpoint as it lands (`steps.follow`). Outputs, under the
+step's directory:
 
-    results.json    per validation set and averaged: loss, bits_per_byte, perplexity; the
-                    checkpoint and its step
-    loss.png        the training loss curve from metrics.jsonl, with the evaluation points
+    results.json        per validation set and averaged: loss, bits_per_byte, perplexity; the
+                        checkpoint and its step (with `follow`: the final one, and the curve)
+    loss.png            the training loss curve from metrics.jsonl, with the evaluation points
+    results/step-N.json with `follow`: the result of each checkpoint
+    curves.png          with `follow`: eval loss per validation set against the training step
 
 Both directories may be URLs (gs://, s3://): every file is read and written through fsspec.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline import Resources, Step, output_of, step_function, this_output, versioned
 from steps.checkpoints import checkpoint_at, checkpoints_dir, latest_checkpoint
 from steps.files import exists, read_json, save_figure, write_json
+from steps.follow import FollowSettings, check_follow, follow_checkpoints, plain, training_of
 
 __all__ = ["EvaluateConfig", "evaluate", "evaluate_step"]
 
@@ -39,11 +42,18 @@ class EvaluateConfig:
     output: str
     """The step's output directory (`this_output()`)."""
     checkpoint_step: int | None = None
-    """Evaluate `checkpoints/step-N`; None: the latest complete checkpoint."""
+    """Evaluate `checkpoints/step-N`; None: the final checkpoint (or each one, with `follow`)."""
     seq_len: int = 128
     batch_size: int = 8
     max_batches: int | None = None
     """At most this many batches per validation set; None: all of it."""
+    follow: bool = False
+    """Evaluate every kept checkpoint as the training writes it (`steps.follow`)."""
+    final_step: int | None = None
+    """The training's last step (its num_steps - 1): where a follower stops."""
+    checkpoint_interval: int | None = None
+    """The training's checkpoint_interval: which checkpoints it keeps."""
+    follow_settings: FollowSettings = field(default_factory=FollowSettings)
 
 
 def evaluate_step(
@@ -55,10 +65,18 @@ def evaluate_step(
     batch_size: int = 8,
     checkpoint_step: int | None = None,
     max_batches: int | None = None,
-    blocking: bool = True,
+    follow: bool = False,
+    blocking: bool | None = None,
     resources: Resources | None = None,
 ) -> Step:
-    """A ready evaluate `Step`. `blocking=False` evaluates a training run that is still going."""
+    """A ready evaluate `Step` of train_moe step `train`.
+
+    By default it waits for the training and evaluates its final checkpoint (or `checkpoint_step`).
+    `follow=True` runs it beside the training, evaluating each kept checkpoint as it lands.
+    `blocking=False` with `checkpoint_step=N` evaluates checkpoint N as soon as it exists.
+    """
+    train_config = training_of(name, train)
+    blocking = check_follow(name, blocking, follow, checkpoint_step)
     return Step(
         name=name,
         fn=evaluate,
@@ -70,6 +88,9 @@ def evaluate_step(
             seq_len=versioned(seq_len),
             batch_size=batch_size,
             max_batches=versioned(max_batches),
+            follow=versioned(follow),
+            final_step=plain(train_config.num_steps) - 1,
+            checkpoint_interval=train_config.checkpoint_interval,
         ),
         description=f"evaluate {train.name}",
         resources=resources or Resources(cpus=1),
@@ -89,94 +110,154 @@ def _checkpoint(config: EvaluateConfig) -> tuple[str, int]:
         return path, config.checkpoint_step
     found = latest_checkpoint(root)
     if found is None:
-        raise FileNotFoundError(f"no complete checkpoint under {root} yet")
+        raise FileNotFoundError(
+            f"train: the training output {config.train} has no complete checkpoint under {root}"
+        )
     return found
 
 
 def evaluate(config: EvaluateConfig) -> dict[str, Any]:
-    """Evaluate a checkpoint on every validation set; write results.json and loss.png."""
+    """Evaluate a checkpoint (or, following, each one) on every validation set; write results.json,
+    loss.png (and, following, results/step-N.json and curves.png)."""
     os.environ.setdefault("MARIN_PREFIX", os.path.join(config.output, ".marin"))
-    import draccus
-    import equinox as eqx
-    import haliax as hax
-    import jax
-    import jax.numpy as jnp
-    from haliax import Axis
-    from haliax.partitioning import round_axis_for_partitioning
-    from levanter.checkpoint import load_checkpoint
-    from levanter.eval import TaggedEvaluator, eval_model
-    from levanter.models.lm_model import LmConfig
-    from levanter.models.mixtral import MixtralConfig
-    from levanter.trainer import TrainerConfig
-    from levanter.utils.tree_utils import inference_mode
-
-    from steps.mixture import load_data_config
-
-    data = load_data_config(config.data)
-    model_config = draccus.decode(LmConfig, read_json(os.path.join(config.train, "levanter_model.json")))
-    if isinstance(model_config, MixtralConfig):
-        # Mixtral adds its auxiliary router losses to every position's loss: evaluate pure cross-entropy.
-        model_config = dataclasses.replace(model_config, lbl_coef=None, rzl_coef=None)
-    checkpoint, step = _checkpoint(config)
-    trainer = TrainerConfig(require_accelerator=False, per_device_eval_parallelism=config.batch_size)
-    mesh, compute, params = trainer.device_mesh, trainer.compute_axis_mapping, trainer.parameter_axis_mapping
-    tokenizer = data.the_tokenizer
-    started = time.time()
-    with hax.partitioning.set_mesh(mesh), hax.axis_mapping(params):
-        vocab = round_axis_for_partitioning(Axis("vocab", len(tokenizer)), params)
-        model = eqx.filter_eval_shape(model_config.build, vocab, key=jax.random.PRNGKey(0))
-        model = load_checkpoint(model, checkpoint, subpath="model")
-        model = hax.shard_with_axis_mapping(model, params)
-        pos = model_config.max_Pos.resize(config.seq_len)
-        tagged = data.tagged_eval_sets(pos)
-        if not tagged:
-            raise ValueError(f"the data config in {config.data} has no validation sets")
-
-        def loss_fn(m: Any, batch: Any) -> Any:
-            m = inference_mode(m, True)
-            per_position = m.compute_next_token_loss(batch, reduction=None, reduction_axis=()).array
-            return per_position, batch.loss_weight.array, jnp.roll(batch.tokens.array, -1, axis=-1)
-
-        evaluator = TaggedEvaluator(
-            Axis(trainer.batch_axis_name, config.batch_size),
-            tagged,
-            loss_fn,
-            tokenizer=tokenizer,
-            device_mesh=mesh,
-            axis_mapping=compute,
-            max_examples_per_dataset=None
-            if config.max_batches is None
-            else config.max_batches * config.batch_size,
+    evaluator = _LossEvaluator(config)
+    waiting = config.checkpoint_step is not None and (
+        checkpoint_at(checkpoints_dir(config.train), config.checkpoint_step) is None
+    )
+    if config.follow or waiting:
+        # Beside the training: each kept checkpoint (or the one asked for) as it lands.
+        final = config.final_step if config.checkpoint_step is None else config.checkpoint_step
+        assert final is not None
+        done = follow_checkpoints(
+            config.train,
+            config.output,
+            final_step=final,
+            checkpoint_interval=config.checkpoint_interval if config.follow else None,
+            evaluate_one=evaluator.evaluate,
+            settings=config.follow_settings,
         )
-        metrics = eval_model(evaluator, model, prefix="eval")
-    sets = {}
-    for _, tags in tagged:
-        name = tags[-1]  # tagged_eval_sets puts the component name last
-        loss = float(metrics[f"eval/{name}/loss"])
-        bpb = metrics.get(f"eval/{name}/bpb")
-        sets[name] = {
-            "loss": loss,
-            "bits_per_byte": None if bpb is None else float(bpb),
-            "perplexity": math.exp(loss),
-        }
-    average = {
-        key: sum(s[key] for s in sets.values()) / len(sets)
-        if all(s[key] is not None for s in sets.values())
-        else None
-        for key in ("loss", "bits_per_byte", "perplexity")
-    }
-    result = {
-        "checkpoint": checkpoint,
-        "checkpoint_step": step,
-        "validation_sets": sets,
-        "average": average,
-        "seconds": time.time() - started,
-    }
+        result = dict(done[final])
+        if config.follow:
+            result["curve"] = {
+                str(s): {n: v["loss"] for n, v in r["validation_sets"].items()}
+                for s, r in sorted(done.items())
+            }
+            plot_eval_curves(done, os.path.join(config.output, "curves.png"))
+    else:
+        checkpoint, step = _checkpoint(config)
+        result = evaluator.evaluate(step, checkpoint)
     write_json(os.path.join(config.output, "results.json"), result)
     plot_loss(
-        os.path.join(config.train, "metrics.jsonl"), os.path.join(config.output, "loss.png"), step, sets
+        os.path.join(config.train, "metrics.jsonl"),
+        os.path.join(config.output, "loss.png"),
+        result["checkpoint_step"],
+        result["validation_sets"],
     )
     return result
+
+
+class _LossEvaluator:
+    """Loss and bits-per-byte per validation set; the mesh, data and compiled loss are kept across
+    checkpoints, so a follower compiles once."""
+
+    def __init__(self, config: EvaluateConfig) -> None:
+        from levanter.trainer import TrainerConfig
+
+        from steps.mixture import load_data_config
+
+        self.config = config
+        self.data = load_data_config(config.data)
+        self.trainer = TrainerConfig(require_accelerator=False, per_device_eval_parallelism=config.batch_size)
+        self.tokenizer = self.data.the_tokenizer
+        self._evaluator: Any = None
+        self._tagged: Any = None
+
+    def evaluate(self, step: int, checkpoint: str) -> dict[str, Any]:
+        import haliax as hax
+        import jax.numpy as jnp
+        from haliax import Axis
+        from levanter.eval import TaggedEvaluator, eval_model
+        from levanter.utils.tree_utils import inference_mode
+
+        from steps.checkpoints import load_model
+
+        config, trainer = self.config, self.trainer
+        mesh, compute, params = (
+            trainer.device_mesh,
+            trainer.compute_axis_mapping,
+            trainer.parameter_axis_mapping,
+        )
+        started = time.time()
+        with hax.partitioning.set_mesh(mesh), hax.axis_mapping(params):
+            model = load_model(config.train, checkpoint, len(self.tokenizer), params)
+            if self._evaluator is None:
+                pos = model.Pos.resize(config.seq_len)
+                self._tagged = self.data.tagged_eval_sets(pos)
+                if not self._tagged:
+                    raise ValueError(f"data: the data config in {config.data} has no validation sets")
+
+                def loss_fn(m: Any, batch: Any) -> Any:
+                    m = inference_mode(m, True)
+                    per_position = m.compute_next_token_loss(batch, reduction=None, reduction_axis=()).array
+                    return per_position, batch.loss_weight.array, jnp.roll(batch.tokens.array, -1, axis=-1)
+
+                self._evaluator = TaggedEvaluator(
+                    Axis(trainer.batch_axis_name, config.batch_size),
+                    self._tagged,
+                    loss_fn,
+                    tokenizer=self.tokenizer,
+                    device_mesh=mesh,
+                    axis_mapping=compute,
+                    max_examples_per_dataset=None
+                    if config.max_batches is None
+                    else config.max_batches * config.batch_size,
+                )
+            metrics = eval_model(self._evaluator, model, prefix="eval")
+        sets = {}
+        for _, tags in self._tagged:
+            name = tags[-1]  # tagged_eval_sets puts the component name last
+            loss = float(metrics[f"eval/{name}/loss"])
+            bpb = metrics.get(f"eval/{name}/bpb")
+            sets[name] = {
+                "loss": loss,
+                "bits_per_byte": None if bpb is None else float(bpb),
+                "perplexity": math.exp(loss),
+            }
+        average = {
+            key: sum(s[key] for s in sets.values()) / len(sets)
+            if all(s[key] is not None for s in sets.values())
+            else None
+            for key in ("loss", "bits_per_byte", "perplexity")
+        }
+        return {
+            "checkpoint": checkpoint,
+            "checkpoint_step": step,
+            "validation_sets": sets,
+            "average": average,
+            "seconds": time.time() - started,
+        }
+
+
+def plot_eval_curves(done: dict[int, dict[str, Any]], png_path: str) -> None:
+    """Eval loss per validation set against the training step, one point per checkpoint."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = sorted(done)
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    for name in done[steps[-1]]["validation_sets"]:
+        ax.plot(
+            steps, [done[s]["validation_sets"][name]["loss"] for s in steps], "o-", label=name, markersize=4
+        )
+    ax.set_xlabel("training step")
+    ax.set_ylabel("eval loss (nats/token)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, png_path)
+    plt.close(fig)
 
 
 def report(config: EvaluateConfig) -> dict[str, Any] | None:
@@ -204,6 +285,22 @@ def report(config: EvaluateConfig) -> dict[str, Any] | None:
     plot = os.path.join(config.output, "loss.png")
     if exists(plot):
         out["loss plot"] = plot
+    curves = os.path.join(config.output, "curves.png")
+    if exists(curves):
+        out["eval curves"] = curves
+    return out
+
+
+def metrics(config: EvaluateConfig) -> dict[str, float | None] | None:
+    """For `drydock compare`: loss and bits/byte per validation set and averaged."""
+    path = os.path.join(config.output, "results.json")
+    if not exists(path):
+        return None
+    result = read_json(path)
+    out: dict[str, float | None] = {}
+    for name, values in [*result["validation_sets"].items(), ("average", result["average"])]:
+        out[f"eval/{name}/loss"] = values.get("loss")
+        out[f"eval/{name}/bpb"] = values.get("bits_per_byte")
     return out
 
 
@@ -243,4 +340,4 @@ def plot_loss(metrics_path: str, png_path: str, eval_step: int, sets: dict[str, 
     plt.close(fig)
 
 
-step_function(evaluate, report=report)
+step_function(evaluate, report=report, metrics=metrics)

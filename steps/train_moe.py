@@ -188,6 +188,19 @@ def report(config: TrainMoeConfig) -> dict[str, Any] | None:
     return out
 
 
+def metrics(config: TrainMoeConfig) -> dict[str, float] | None:
+    """For `drydock compare`: the last logged training loss, and the steps it took."""
+    from steps.metrics import read_metrics
+
+    metrics_path = os.path.join(config.output, "metrics.jsonl")
+    if not exists(metrics_path):
+        return None
+    losses = [(row["step"], row["loss"]) for row in read_metrics(metrics_path) if "loss" in row]
+    if not losses:
+        return None
+    return {"train/loss": float(losses[-1][1]), "train/steps": float(losses[-1][0] + 1)}
+
+
 def _tokenizer_size_if_known(data: str) -> int | None:
     try:
         import yaml
@@ -323,4 +336,4 @@ def _upload_logs(local: str, remote: str) -> None:
 
 # Levanter's trainer leaves global state (tracker, log handlers) in its process: on Ray, each
 # training gets its own worker process.
-step_function(train_moe, preview=preview, report=report, fresh_process=True)
+step_function(train_moe, preview=preview, report=report, metrics=metrics, fresh_process=True)

@@ -6,6 +6,7 @@
     drydock rerun MANIFEST [options]  rebuild a run's DAG from its manifest alone and run it
     drydock dag FILE [--format F]     the DAG as Mermaid, DOT, SVG or one HTML page
     drydock explain FILE STEP         why STEP's identity is what it is
+    drydock compare RUN [RUN ...]     runs side by side: the fields that differ, the metrics
     drydock gc [--prefix P] ...       list (and delete) step outputs no kept manifest references
     drydock pin PATH|LABEL            protect a step output from `drydock gc`
     drydock dashboard [--prefix P]    a read-only web page of the prefix
@@ -80,6 +81,14 @@ COMMANDS: tuple[Command, ...] = (
         "explain_command",
         "drydock explain FILE|MANIFEST STEP [options]",
         "say what STEP's identity is made of, and what differs in its other runs under the prefix",
+    ),
+    Command(
+        "compare",
+        "pipeline.cli.compare",
+        "compare_command",
+        "drydock compare RUN [RUN ...] [--prefix P] [--sort METRIC [--desc]] [--json | --csv]",
+        "runs side by side (RUN: a manifest, an experiment file or a step directory): one row per\n"
+        "training, the versioned fields that differ among them, then the metrics each recorded",
     ),
     Command(
         "gc",

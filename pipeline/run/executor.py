@@ -357,9 +357,13 @@ class _Execution:
         # The digests let a later plan skip reading and diffing `.step.json` (pipeline.core.drift).
         drift = drift_digest_of(self.dag, label)
         data: dict[str, Any] = {"duration": ended - started, "drift": drift, "step_json": step_json}
-        report = _recordable(call_hook(hooks_of(node.step.fn).report, config, "no report"))
+        hooks = hooks_of(node.step.fn)
+        report = _recordable(call_hook(hooks.report, config, "no report"))
         if report is not None:
             data["report"] = report  # shown by the dashboard, which does not import step code
+        metrics = _recordable(call_hook(hooks.metrics, config, "no metrics"))
+        if isinstance(metrics, Mapping):
+            data["metrics"] = dict(metrics)  # compared across runs (pipeline.observe.compare)
         if not self.store.commit(step_dir, self.owner, token, data=data):
             return _Event(label, Ending.LOST, "lease lost before commit; result discarded", started=started)
         return _Event(label, Ending.SUCCEEDED, started=started, ended=ended)

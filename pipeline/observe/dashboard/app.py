@@ -6,6 +6,8 @@
     /experiments/{id}                     an experiment: its DAG picture and a table of step states
     /steps/{label}                        a step: state, config, status events, logs, loss chart, evaluation
     /steps/{label}/logs/{name}            one log file
+    /compare?run=ID&run=ID                runs side by side: loss curves overlaid, the fields that
+                                          differ and every recorded metric (pipeline.observe.compare)
     /api/experiments[/{id}], /api/steps/{label}    the same data as JSON, for tools
     /static/...                           CSS, the page script and the vendored Chart.js
 
@@ -23,7 +25,7 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse
@@ -197,6 +199,16 @@ def create_app(prefix: str) -> FastAPI:
             state_filter=state,
         )
 
+    @app.get("/compare", response_class=HTMLResponse)
+    def compare(request: Request, run: Annotated[list[str] | None, Query()] = None) -> HTMLResponse:
+        try:
+            view = data.read_comparison(store, prefix, run or [])
+        except data.NotFound as e:
+            return error_page(request, 404, str(e))
+        except ValueError as e:
+            return error_page(request, 500, str(e))
+        return page(request, "compare.html", view=view, experiments=data.list_experiments(storage, prefix))
+
     @app.get("/steps/{label:path}/logs/{name}", response_class=HTMLResponse)
     def log(request: Request, label: str, name: str) -> HTMLResponse:
         try:
@@ -272,6 +284,15 @@ def _add_api(app: FastAPI, store: StepStore, prefix: str) -> None:
             return JSONResponse({"error": str(e)}, status_code=404)
         except ValueError as e:
             return JSONResponse({"error": f"manifest {manifest_id} is unreadable: {e}"}, status_code=500)
+
+    @app.get("/api/compare")
+    def api_compare(run: Annotated[list[str] | None, Query()] = None) -> JSONResponse:
+        try:
+            return JSONResponse(_plain(data.read_comparison(store, prefix, run or [])))
+        except data.NotFound as e:
+            return JSONResponse({"error": str(e)}, status_code=404)
+        except ValueError as e:
+            return JSONResponse({"error": str(e)}, status_code=500)
 
     @app.get("/api/steps/{label:path}")
     def api_step(label: str) -> JSONResponse:

@@ -10,6 +10,7 @@ about HTTP. Formats read:
     <prefix>/<label>/.logs/attempt-<token>*.log      the Ray backend's copy of a step's output
     <prefix>/<label>/metrics.jsonl                   train_moe's per-step metrics (steps.training_hooks)
     <prefix>/<label>/results.json                    evaluate's results (steps.evaluate)
+    SUCCESS `metrics` in .status                     what `pipeline.observe.compare` compares
 
 The step library's formats are read by path and JSON only: `pipeline` never imports `steps`.
 Names coming from a URL (experiment ids, step labels, log names) are checked against what storage
@@ -28,8 +29,9 @@ from typing import Any
 from pipeline.core.identity import HASH_CHARS
 from pipeline.core.lease import host_id
 from pipeline.core.records import Event, StatusEvent, StepRecord
-from pipeline.observe import live
+from pipeline.observe import compare, live
 from pipeline.observe.dashboard.records import (
+    Comparison,
     EvalResults,
     ExperimentDetail,
     ExperimentSummary,
@@ -46,6 +48,7 @@ from pipeline.storage.manifests import list_manifests, manifest_dir
 from pipeline.storage.step_store import StepStore
 
 __all__ = [
+    "Comparison",
     "EvalResults",
     "ExperimentDetail",
     "ExperimentSummary",
@@ -56,6 +59,7 @@ __all__ = [
     "StepRow",
     "list_experiments",
     "live_state",
+    "read_comparison",
     "read_experiment",
     "read_log",
     "read_metrics",
@@ -334,3 +338,26 @@ def read_log(storage: Storage, prefix: str, label: str, name: str) -> tuple[str,
 def state_counts(rows: Sequence[StepRow]) -> dict[str, int]:
     """Steps per shown state, for an experiment's header."""
     return dict(Counter(str(row.state) for row in rows))
+
+
+def read_comparison(store: StepStore, prefix: str, manifest_ids: Sequence[str]) -> Comparison:
+    """Rows of the runs `manifest_ids` (experiments under the prefix) side by side.
+
+    Raises NotFound for an id that is not a manifest under the prefix."""
+    listed = set(store.storage.listdir(manifest_dir(prefix)))
+    steps: list[compare.CompareStep] = []
+    for manifest_id in dict.fromkeys(manifest_ids):
+        if f"{manifest_id}.json" not in listed:
+            raise NotFound(f"no experiment {manifest_id!r} under {prefix}")
+        manifest = _read_manifest(store.storage, prefix, manifest_id)
+        steps.extend(
+            s for s in compare.manifest_steps(manifest, manifest_id, prefix.rstrip("/")) if is_label(s.label)
+        )
+    rows = compare.compare_rows(steps, store) if steps else []
+    return Comparison(
+        runs=tuple(dict.fromkeys(manifest_ids)),
+        params=tuple(compare.differing_params(rows)),
+        metrics=tuple(compare.metric_names(rows)),
+        rows=tuple(rows),
+        curves=tuple(compare.loss_curves(store, rows)),
+    )

@@ -8,8 +8,10 @@ from typing import Any
 
 from pipeline.core.lease import LeaseRecord
 from pipeline.core.records import StatusEvent
+from pipeline.observe.compare import Row
 
 __all__ = [
+    "Comparison",
     "EvalResults",
     "ExperimentDetail",
     "ExperimentSummary",
@@ -141,3 +143,14 @@ class StepDetail:
     report: str | Mapping[str, Any] | None = None
     """What the step's `report` hook said when it succeeded (recorded with its SUCCESS event):
     text, or a mapping of values and tables (lists of rows), rendered whatever the step kind."""
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The compare page: the runs picked, their rows, the fields that differ, the loss curves."""
+
+    runs: tuple[str, ...]
+    params: tuple[str, ...]
+    metrics: tuple[str, ...]
+    rows: tuple[Row, ...]
+    curves: tuple[Mapping[str, Any], ...]

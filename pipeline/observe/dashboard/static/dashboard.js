@@ -45,3 +45,31 @@ function drydockDagLinks(stepUrl, experimentId) {
     });
   });
 }
+
+// Overlay the training loss (solid) and eval loss (dashed) of every compared run, one colour each.
+function drydockCompareChart(canvasId, dataId) {
+  const curves = JSON.parse(document.getElementById(dataId).textContent);
+  const colors = ["#1565c0", "#c62828", "#2e7d32", "#6a1b9a", "#ef6c00", "#00838f", "#5d4037", "#ad1457"];
+  const datasets = [];
+  curves.forEach((curve, i) => {
+    const color = colors[i % colors.length];
+    const name = curve.run + " " + curve.step;
+    const points = (pairs) => pairs.map((p) => ({ x: p[0], y: p[1] }));
+    datasets.push({ label: name + " (train)", data: points(curve.train), borderColor: color,
+                    backgroundColor: color, borderWidth: 1.5, pointRadius: 0 });
+    if (curve.eval.length) {
+      datasets.push({ label: name + " (eval)", data: points(curve.eval), borderColor: color,
+                      backgroundColor: color, borderWidth: 1.5, borderDash: [5, 4], pointRadius: 3 });
+    }
+  });
+  return new Chart(document.getElementById(canvasId), {
+    type: "line",
+    data: { datasets: datasets },
+    options: {
+      animation: false, parsing: false, normalized: true, maintainAspectRatio: false,
+      interaction: { mode: "nearest", axis: "x", intersect: false },
+      scales: { x: { type: "linear", title: { display: true, text: "step" } },
+                y: { type: "linear", title: { display: true, text: "loss" } } },
+    },
+  });
+}

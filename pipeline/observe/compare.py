@@ -1,0 +1,268 @@
+"""Runs side by side: one row per compared step, its versioned fields that differ, its metrics.
+
+A step function may declare a `metrics` hook (`pipeline.step.step_function`); what it returns (a
+flat mapping of names to numbers: a final training loss, an evaluation's losses, task scores) is
+recorded with the step's SUCCESS. `drydock compare` and the dashboard's compare page read those
+records, so neither imports step code.
+
+Rows: every step with recorded metrics whose upstream steps have none, e.g. each training of a
+run, or of a sweep. A step with metrics downstream of exactly one such row step (an evaluation of
+that training) adds its metrics to that row; a name already there gets the step's name in front.
+Params: the row step's versioned fields, and those of every step upstream of it (prefixed with
+that step's name), flattened to `a.b.c` paths; only the ones that differ among the rows are
+shown, like `dvc exp show`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.core.records import Event, StepRecord, last_state
+from pipeline.observe.metrics import METRICS_FILE, parse_metrics
+from pipeline.storage.step_store import StepStore
+
+__all__ = [
+    "CompareStep",
+    "Row",
+    "compare_rows",
+    "differing_params",
+    "loss_curves",
+    "manifest_steps",
+    "rows_csv",
+    "rows_json",
+    "sort_rows",
+]
+
+
+@dataclass(frozen=True)
+class CompareStep:
+    """A step of a compared run: where it is and what it reads."""
+
+    run: str
+    """The run it belongs to, as rows show it (an experiment's name, a manifest, a directory)."""
+    label: str
+    name: str
+    output_path: str
+    deps: tuple[str, ...] = ()
+    """Labels of its upstream steps, blocking or not."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One compared step: its run, its params (every versioned field), its metrics."""
+
+    run: str
+    label: str
+    name: str
+    output_path: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    metrics: Mapping[str, float | None] = field(default_factory=dict)
+
+
+def manifest_steps(manifest: Mapping[str, Any], run: str, root: str) -> list[CompareStep]:
+    """The steps a run manifest lists, under `root` (its prefix, or where it was copied to)."""
+    out = []
+    for step in manifest.get("steps", []):
+        if not isinstance(step, Mapping) or "label" not in step:
+            continue
+        label = str(step["label"])
+        deps = (*step.get("deps", ()), *step.get("soft_deps", ()))
+        out.append(CompareStep(run, label, str(step.get("name") or label), f"{root}/{label}", tuple(deps)))
+    return out
+
+
+def recorded_metrics(record: StepRecord) -> dict[str, float | None] | None:
+    """The metrics recorded with the step's last SUCCESS, or None."""
+    last = last_state(record.events)
+    if last is None or last.event != Event.SUCCESS or not isinstance(last.data, Mapping):
+        return None
+    metrics = last.data.get("metrics")
+    if not isinstance(metrics, Mapping) or not metrics:
+        return None
+    return {str(k): _number(v) for k, v in metrics.items()}
+
+
+def compare_rows(steps: Sequence[CompareStep], store: StepStore) -> list[Row]:
+    """The rows of `steps` (every step of every compared run), read from storage."""
+    records = store.records([s.output_path for s in steps], with_metadata=True)
+    by_label: dict[tuple[str, str], CompareStep] = {(s.run, s.label): s for s in steps}
+    metrics = {
+        key: found
+        for key, s in by_label.items()
+        if (found := recorded_metrics(records[s.output_path])) is not None
+    }
+    versioned = {key: _versioned(records[s.output_path]) for key, s in by_label.items()}
+
+    def metric_upstreams(key: tuple[str, str]) -> list[tuple[str, str]]:
+        run = key[0]
+        return [(run, d) for d in by_label[key].deps if (run, d) in metrics]
+
+    roots = [key for key in by_label if key in metrics and not metric_upstreams(key)]
+    merged: dict[tuple[str, str], dict[str, float | None]] = {key: dict(metrics[key]) for key in roots}
+    for key in by_label:
+        ups = metric_upstreams(key) if key in metrics else []
+        if len(ups) != 1 or ups[0] not in merged:
+            continue
+        row = merged[ups[0]]
+        for name, value in metrics[key].items():
+            row[f"{by_label[key].name}:{name}" if name in row else name] = value
+    rows = []
+    for key in roots:
+        step = by_label[key]
+        params = dict(_flatten(versioned[key]))
+        for ancestor in _ancestors(key, by_label):
+            for path, value in _flatten(versioned[ancestor]):
+                params[f"{by_label[ancestor].name}.{path}"] = value
+        rows.append(Row(step.run, step.label, step.name, step.output_path, params, merged[key]))
+    return rows
+
+
+def _ancestors(
+    key: tuple[str, str], by_label: Mapping[tuple[str, str], CompareStep]
+) -> list[tuple[str, str]]:
+    seen: list[tuple[str, str]] = []
+    stack = [(key[0], d) for d in by_label[key].deps]
+    while stack:
+        up = stack.pop()
+        if up in seen or up not in by_label:
+            continue
+        seen.append(up)
+        stack.extend((up[0], d) for d in by_label[up].deps)
+    return seen
+
+
+def _versioned(record: StepRecord) -> Mapping[str, Any]:
+    identity = (record.step_json or {}).get("identity")
+    if not isinstance(identity, Mapping):
+        return {}
+    versioned = identity.get("versioned")
+    return versioned if isinstance(versioned, Mapping) else {}
+
+
+def _flatten(value: Any, path: str = "") -> Iterable[tuple[str, Any]]:
+    """(`a.b.c`, leaf) pairs of a JSON value; lists stay whole (a list of tasks is one param)."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if key == "__class__":
+                continue
+            yield from _flatten(item, f"{path}.{key}" if path else str(key))
+    else:
+        yield path, value
+
+
+def differing_params(rows: Sequence[Row]) -> list[str]:
+    """The params whose values are not the same in every row (absent counts as a value)."""
+    names: dict[str, None] = {}
+    for row in rows:
+        names.update(dict.fromkeys(row.params))
+    missing = object()
+    return [
+        name
+        for name in names
+        if len({json.dumps(row.params.get(name, missing), sort_keys=True, default=str) for row in rows}) > 1
+    ]
+
+
+def metric_names(rows: Sequence[Row]) -> list[str]:
+    names: dict[str, None] = {}
+    for row in rows:
+        names.update(dict.fromkeys(row.metrics))
+    return list(names)
+
+
+def sort_rows(rows: Sequence[Row], metric: str, *, descending: bool = False) -> list[Row]:
+    """`rows` by `metric` (rows without it last); KeyError if no row has it."""
+    if not any(metric in row.metrics for row in rows):
+        raise KeyError(metric)
+    present = [r for r in rows if r.metrics.get(metric) is not None]
+    absent = [r for r in rows if r.metrics.get(metric) is None]
+    present.sort(key=lambda r: r.metrics[metric] or 0.0, reverse=descending)
+    return present + absent
+
+
+def rows_json(rows: Sequence[Row]) -> dict[str, Any]:
+    """`drydock compare --json`: the differing params, the metric names, and every row whole."""
+    return {
+        "params": differing_params(rows),
+        "metrics": metric_names(rows),
+        "rows": [
+            {
+                "run": r.run,
+                "step": r.name,
+                "label": r.label,
+                "output_path": r.output_path,
+                "params": dict(r.params),
+                "metrics": dict(r.metrics),
+            }
+            for r in rows
+        ],
+    }
+
+
+def rows_csv(rows: Sequence[Row]) -> str:
+    """`drydock compare --csv`: run, step, the differing params, the metrics."""
+    params, metrics = differing_params(rows), metric_names(rows)
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["run", "step", *params, *metrics])
+    for r in rows:
+        writer.writerow(
+            [
+                r.run,
+                r.name,
+                *(_cell(r.params.get(p)) for p in params),
+                *(_cell(r.metrics.get(m)) for m in metrics),
+            ]
+        )
+    return out.getvalue()
+
+
+def table_rows(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
+    """Header and cells for a human table (numbers rounded for reading)."""
+    params, metrics = differing_params(rows), metric_names(rows)
+    header = ["run", "step", *params, *metrics]
+    body = [
+        [r.run, r.name, *(_cell(r.params.get(p)) for p in params), *(_fmt(r.metrics.get(m)) for m in metrics)]
+        for r in rows
+    ]
+    return header, body
+
+
+def loss_curves(store: StepStore, rows: Sequence[Row]) -> list[dict[str, Any]]:
+    """Each row step's training and eval loss per step from its metrics.jsonl (if it has one)."""
+    curves = []
+    for row in rows:
+        data = store.storage.read(f"{row.output_path}/{METRICS_FILE}")
+        if data is None:
+            continue
+        records = parse_metrics(data.splitlines())
+        train = [[r["step"], _number(r.get("loss"))] for r in records if "loss" in r]
+        evals = [[r["step"], _number(r.get("eval/loss"))] for r in records if "eval/loss" in r]
+        curves.append({"run": row.run, "step": row.name, "label": row.label, "train": train, "eval": evals})
+    return curves
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True)
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.4g}"

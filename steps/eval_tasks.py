@@ -1,0 +1,267 @@
+"""The tasks a `task_eval` step runs: lm-eval registry names with few-shot counts, or inline specs
+whose data are JSON-lines files, and how they become lm-eval task objects, offline.
+
+    registry_task("hellaswag", 10)          lm-eval's own task; its data must be on this machine:
+                                            `<task_data>/<name>/<split>.jsonl` (rows as the Hub
+                                            dataset has them), or a `datasets` cache directory
+    inline_task("sums", {"test": "data/tasks/sums/test.jsonl"},
+                doc_to_text="{{query}}", doc_to_choice="{{choices}}", doc_to_target="{{gold}}")
+
+Nothing is fetched from a hub: the step runs with `HF_DATASETS_OFFLINE` and `HF_HUB_OFFLINE` set,
+and a task whose data is not where it is said to be is one clear error naming the task and path.
+Names are checked when the step is declared, against lm-eval's task files (suggesting close names).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "OUTPUT_TYPES",
+    "EvalTask",
+    "check_tasks",
+    "inline_task",
+    "lm_eval_spec",
+    "registry_names",
+    "registry_task",
+]
+
+OUTPUT_TYPES = ("multiple_choice", "loglikelihood", "loglikelihood_rolling", "generate_until")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+
+@dataclass(frozen=True)
+class EvalTask:
+    """One task: a registry task (`data` is None) or an inline spec (its fields are lm-eval's)."""
+
+    name: str
+    """The lm-eval registry name (a task or a group), or the inline task's own name."""
+    num_fewshot: int = 0
+    data: dict[str, str] | None = None
+    """Inline tasks: split -> a JSON-lines file (a path relative to the step's `data_root`, or a URL)."""
+    output_type: str = "multiple_choice"
+    doc_to_text: str | None = None
+    """Jinja2 template: a row -> the context."""
+    doc_to_choice: str | None = None
+    """Jinja2 template: a row -> the list of choices (multiple_choice)."""
+    doc_to_target: str | None = None
+    """Jinja2 template: a row -> the index of the right choice (or the target text)."""
+    test_split: str = "test"
+    fewshot_split: str | None = None
+    """The split few-shot examples are drawn from (needed when num_fewshot > 0)."""
+    target_delimiter: str = " "
+    fewshot_delimiter: str = "\n\n"
+    metrics: tuple[str, ...] = field(default=("acc", "acc_norm"))
+
+    @property
+    def inline(self) -> bool:
+        return self.data is not None
+
+    @property
+    def key(self) -> str:
+        """The name results are reported under: the task name, plus the few-shot count if any."""
+        return self.name if self.num_fewshot == 0 else f"{self.name}_{self.num_fewshot}shot"
+
+
+def registry_task(name: str, num_fewshot: int = 0) -> EvalTask:
+    """lm-eval's registry task (or group) `name`, with `num_fewshot` examples in each prompt."""
+    return EvalTask(name=name, num_fewshot=num_fewshot)
+
+
+def inline_task(
+    name: str,
+    data: Mapping[str, str],
+    *,
+    doc_to_text: str,
+    doc_to_target: str,
+    doc_to_choice: str | None = None,
+    output_type: str = "multiple_choice",
+    num_fewshot: int = 0,
+    test_split: str = "test",
+    fewshot_split: str | None = None,
+    target_delimiter: str = " ",
+    fewshot_delimiter: str = "\n\n",
+    metrics: Iterable[str] = ("acc", "acc_norm"),
+) -> EvalTask:
+    """A task defined here, its rows in JSON-lines files (`data`: split -> path or URL)."""
+    return EvalTask(
+        name=name,
+        num_fewshot=num_fewshot,
+        data=dict(data),
+        output_type=output_type,
+        doc_to_text=doc_to_text,
+        doc_to_choice=doc_to_choice,
+        doc_to_target=doc_to_target,
+        test_split=test_split,
+        fewshot_split=fewshot_split,
+        target_delimiter=target_delimiter,
+        fewshot_delimiter=fewshot_delimiter,
+        metrics=tuple(metrics),
+    )
+
+
+def as_task(task: EvalTask | str) -> EvalTask:
+    """`"hellaswag:10"` -> registry_task("hellaswag", 10); tasks pass through."""
+    if isinstance(task, EvalTask):
+        return task
+    if not isinstance(task, str):
+        raise TypeError(f"a task is an EvalTask or a 'name[:shots]' string, not {type(task).__name__}")
+    name, _, shots = task.partition(":")
+    if shots and not shots.isdigit():
+        raise ValueError(f"{task!r}: the few-shot count after ':' must be a whole number")
+    return registry_task(name, int(shots or 0))
+
+
+# -- checks at declaration -----------------------------------------------------------------------------
+
+
+@functools.cache
+def _indexed_names() -> frozenset[str]:
+    """Task, group and tag names in lm-eval's task files, read as text (a few hundred ms, where
+    lm-eval's TaskManager takes seconds to parse them all)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("lm_eval")  # found, not imported: importing it takes a second
+    if spec is None or not spec.submodule_search_locations:
+        return frozenset()
+    root = os.path.join(next(iter(spec.submodule_search_locations)), "tasks")
+    names: set[str] = set()
+    pattern = re.compile(r"^(task|group|tag):[ \t]*(.*)$")
+    for directory, _, files in os.walk(root):
+        for file in files:
+            if not file.endswith(".yaml"):
+                continue
+            with open(os.path.join(directory, file), encoding="utf-8", errors="replace") as f:
+                lines = f.read().splitlines()
+            for i, line in enumerate(lines):
+                match = pattern.match(line)
+                if match is None:
+                    continue
+                value = match.group(2).strip().strip("'\"")
+                if value and not value.startswith(("[", "!", "{")):
+                    names.add(value)
+                elif match.group(1) == "tag":  # a list of tags follows
+                    for item in lines[i + 1 :]:
+                        if not item.lstrip().startswith("- "):
+                            break
+                        names.add(item.strip()[2:].strip().strip("'\""))
+    return frozenset(names)
+
+
+@functools.cache
+def registry_names() -> frozenset[str]:
+    """Every name lm-eval's registry knows (its TaskManager's, which is authoritative)."""
+    from lm_eval.tasks import TaskManager
+
+    return frozenset(TaskManager().all_tasks)
+
+
+def is_registered(name: str) -> bool:
+    """Whether lm-eval knows task `name`: the quick text index first, the TaskManager if not there."""
+    return name in _indexed_names() or name in registry_names()
+
+
+def check_tasks(
+    tasks: Iterable[EvalTask | str], data_root: str | None, task_data: str | None
+) -> tuple[EvalTask, ...]:
+    """The tasks as `EvalTask`s, or ValueError naming the field (`tasks[i]...`) at fault."""
+    checked: list[EvalTask] = []
+    keys: set[str] = set()
+    for i, raw in enumerate(tasks):
+        where = f"tasks[{i}]"
+        try:
+            task = as_task(raw)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where}: {e}") from e
+        if not isinstance(task.name, str) or not _NAME.match(task.name):
+            raise ValueError(f"{where}.name: {task.name!r} is not a task name (letters, digits, _ . -)")
+        if not isinstance(task.num_fewshot, int) or task.num_fewshot < 0:
+            raise ValueError(f"{where}.num_fewshot: must be a whole number >= 0, got {task.num_fewshot!r}")
+        if task.key in keys:
+            raise ValueError(f"{where}: task {task.key!r} is listed twice")
+        keys.add(task.key)
+        if task.inline:
+            _check_inline(task, f"{where} ({task.name})", data_root)
+        else:
+            _check_registry(task, f"{where} ({task.name})", task_data)
+        checked.append(task)
+    if not checked:
+        raise ValueError("tasks: give at least one task")
+    return tuple(checked)
+
+
+def _check_registry(task: EvalTask, where: str, task_data: str | None) -> None:
+    if not is_registered(task.name):
+        close = difflib.get_close_matches(task.name, sorted(registry_names()), n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(f"{where}: lm-eval has no task {task.name!r}{hint}")
+    if task_data is not None and "://" not in task_data:
+        path = os.path.join(task_data, task.name)
+        if not os.path.isdir(path):
+            raise ValueError(f"{where}: its data is missing: no directory {path} (task_data)")
+
+
+def _check_inline(task: EvalTask, where: str, data_root: str | None) -> None:
+    if task.output_type not in OUTPUT_TYPES:
+        raise ValueError(f"{where}.output_type: {task.output_type!r} is not one of {', '.join(OUTPUT_TYPES)}")
+    if not isinstance(task.data, dict) or not task.data:
+        raise ValueError(f"{where}.data: give a split -> JSON-lines file mapping")
+    needed = {"doc_to_text": task.doc_to_text, "doc_to_target": task.doc_to_target}
+    if task.output_type == "multiple_choice":
+        needed["doc_to_choice"] = task.doc_to_choice
+    for name, value in needed.items():
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"{where}.{name}: an inline {task.output_type} task needs this template")
+    if task.test_split not in task.data:
+        raise ValueError(f"{where}.test_split: no file for split {task.test_split!r} in data")
+    if task.num_fewshot > 0 and (task.fewshot_split is None or task.fewshot_split not in task.data):
+        raise ValueError(f"{where}.fewshot_split: {task.num_fewshot}-shot needs a split in data to draw from")
+    for split, path in task.data.items():
+        if not isinstance(path, str):
+            raise ValueError(f"{where}.data[{split!r}]: a path or URL, not {type(path).__name__}")
+        local = resolve_data_path(path, data_root)
+        if "://" not in local and not os.path.isfile(local):
+            raise ValueError(f"{where}.data[{split!r}]: task data missing: no file {local}")
+
+
+def resolve_data_path(path: str, data_root: str | None) -> str:
+    """An inline task's file: URLs and absolute paths as they are, others under `data_root`."""
+    if "://" in path or os.path.isabs(path) or data_root is None:
+        return path
+    return f"{data_root.rstrip('/')}/{path}"
+
+
+# -- lm-eval task specs ---------------------------------------------------------------------------------
+
+
+def lm_eval_spec(task: EvalTask, files: Mapping[str, str] | None) -> dict[str, Any]:
+    """The dict lm-eval's `get_task_dict` takes for `task`. `files` (split -> local file) points
+    lm-eval's `json` loader at the task's rows: an inline task's, or a registry task's from
+    `task_data`; None keeps a registry task's own dataset (found in the datasets cache, offline)."""
+    spec: dict[str, Any] = {"task": task.name, "num_fewshot": task.num_fewshot}
+    if task.key != task.name:
+        spec["task_alias"] = task.key
+    if files is not None:
+        spec.update(dataset_path="json", dataset_name=None, dataset_kwargs={"data_files": dict(files)})
+    if not task.inline:
+        return spec
+    spec.update(
+        output_type=task.output_type,
+        test_split=task.test_split,
+        doc_to_text=task.doc_to_text,
+        doc_to_target=task.doc_to_target,
+        target_delimiter=task.target_delimiter,
+        fewshot_delimiter=task.fewshot_delimiter,
+        metric_list=[{"metric": m, "aggregation": "mean", "higher_is_better": True} for m in task.metrics],
+    )
+    if task.doc_to_choice is not None:
+        spec["doc_to_choice"] = task.doc_to_choice
+    if task.fewshot_split is not None:
+        spec["fewshot_split"] = task.fewshot_split
+    return spec

@@ -1,0 +1,166 @@
+"""Follow a training run checkpoint by checkpoint: evaluate each kept checkpoint once, as it lands.
+
+Used by the `evaluate` and `task_eval` steps with `follow=True`. Each checkpoint's result is written
+to `<output>/results/step-N.json` as soon as it is computed, so a restarted follower skips the
+checkpoints it has done and evaluates only the rest. The follower ends once the training's final
+checkpoint is evaluated. While no new checkpoint is there it asks the engine for the training step's
+state (`pipeline.step_state`): a finished training without its final checkpoint, or one that stays
+failed (past `failed_grace_seconds`, which covers the engine's retry) or never runs (past
+`patience_seconds`), ends the follower with an error naming the training; rerunning the follower
+resumes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+
+from pipeline import Step, StepDeclarationError, step_state
+from steps.checkpoints import checkpoints_dir, complete_checkpoints, kept_steps_of
+from steps.files import read_json, write_json
+
+__all__ = [
+    "FollowSettings",
+    "check_follow",
+    "follow_checkpoints",
+    "plain",
+    "read_step_results",
+    "step_result_path",
+    "training_of",
+]
+
+logger = logging.getLogger(__name__)
+
+_STEP_FILE = re.compile(r"^step-(\d+)\.json$")
+
+
+@dataclass(frozen=True)
+class FollowSettings:
+    """How a follower waits (none of it changes what is computed, so none of it is versioned)."""
+
+    poll_seconds: float = 5.0
+    """How often to look for a new checkpoint while none is there."""
+    patience_seconds: float = 3600.0
+    """Give up if the training has not run (not started, preempted, runner gone) this long."""
+    failed_grace_seconds: float = 120.0
+    """Give up if the training stays FAILED or CANCELLED this long (a retry restarts it sooner)."""
+
+
+def step_result_path(output: str, step: int) -> str:
+    """Where a follower keeps the result of the checkpoint of `step`."""
+    return f"{output.rstrip('/')}/results/step-{step}.json"
+
+
+def read_step_results(output: str) -> dict[int, dict[str, Any]]:
+    """The per-checkpoint results a follower has written under `output`, by step."""
+    fs, plain = fsspec.core.url_to_fs(f"{output.rstrip('/')}/results")
+    fs.invalidate_cache()
+    try:
+        names = [entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(plain, detail=False)]
+    except FileNotFoundError:
+        return {}
+    found = {}
+    for name in names:
+        if (match := _STEP_FILE.match(name)) is not None:
+            found[int(match.group(1))] = read_json(step_result_path(output, int(match.group(1))))
+    return found
+
+
+def follow_checkpoints(
+    train: str,
+    output: str,
+    *,
+    final_step: int,
+    checkpoint_interval: int | None,
+    evaluate_one: Callable[[int, str], dict[str, Any]],
+    settings: FollowSettings = FollowSettings(),
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[int, dict[str, Any]]:
+    """Evaluate every kept checkpoint of training output `train` with `evaluate_one(step, path)`,
+    each once, writing each result to `step_result_path(output, step)`; return all results by
+    step once the checkpoint of `final_step` is done."""
+    done = read_step_results(output)
+    if done:
+        logger.info("following %s: checkpoints %s already evaluated", train, sorted(done))
+    kept = kept_steps_of(final_step, checkpoint_interval)
+    root = checkpoints_dir(train)
+    waiting_since: float | None = None
+    finished = False
+    while final_step not in done:
+        new = {s: p for s, p in complete_checkpoints(root).items() if kept(s) and s not in done}
+        for step in sorted(new):
+            print(f"evaluating the checkpoint at step {step} ({new[step]})", flush=True)
+            result = evaluate_one(step, new[step])
+            write_json(step_result_path(output, step), result)
+            done[step] = result
+        if new:
+            waiting_since = None
+            continue
+        if finished:
+            raise FileNotFoundError(
+                f"the training at {train} finished without a checkpoint at its final step {final_step} "
+                f"under {root}; evaluated steps {sorted(done)}"
+            )
+        state = step_state(train)
+        if state == "SUCCESS":
+            finished = True  # list once more: the final checkpoint lands before the commit
+            continue
+        if state == "RUNNING":
+            waiting_since = None
+        else:
+            waiting_since = clock() if waiting_since is None else waiting_since
+            failed = state in ("FAILED", "CANCELLED", "CORRUPT")
+            limit = settings.failed_grace_seconds if failed else settings.patience_seconds
+            if clock() - waiting_since > limit:
+                raise RuntimeError(
+                    f"the training at {train} is {state} (for over {limit:.0f} s) before its final "
+                    f"checkpoint (step {final_step}); evaluated steps {sorted(done)}. Rerun to resume."
+                )
+        sleep(settings.poll_seconds)
+    return done
+
+
+# -- declaring a step that evaluates a training ---------------------------------------------------------
+
+
+def plain(value: Any) -> Any:
+    """A config value without its `versioned` mark."""
+    return getattr(value, "value", value)
+
+
+def training_of(name: str, train: Any) -> Any:
+    """The `TrainMoeConfig` of train_moe step `train`, or the declaration error of step `name`."""
+    from steps.train_moe import TrainMoeConfig
+
+    if not isinstance(train, Step) or not isinstance(train.config, TrainMoeConfig):
+        raise StepDeclarationError(name, "give a train_moe step (train_moe_step(...))", field="train")
+    return train.config
+
+
+def check_follow(name: str, blocking: bool | None, follow: bool, checkpoint_step: int | None) -> bool:
+    """Whether step `name` waits for its training (`blocking`, by default: unless it follows).
+
+    A result must say, and be keyed by, the checkpoint it evaluated: a non-blocking evaluation
+    (running beside the training) must name its checkpoint or follow them all."""
+    blocking = (not follow) if blocking is None else blocking
+    if follow and checkpoint_step is not None:
+        raise StepDeclarationError(name, "follow evaluates every checkpoint: drop checkpoint_step", "follow")
+    if follow and blocking:
+        raise StepDeclarationError(name, "follow runs beside the training: drop blocking=True", "blocking")
+    if not blocking and not follow and checkpoint_step is None:
+        raise StepDeclarationError(
+            name,
+            "blocking=False evaluates a training that is still going: set follow=True (every "
+            "checkpoint) or checkpoint_step=N, so the result says which checkpoint it evaluated",
+            "blocking",
+        )
+    if checkpoint_step is not None and (not isinstance(checkpoint_step, int) or checkpoint_step < 0):
+        raise StepDeclarationError(name, f"must be a step number, got {checkpoint_step!r}", "checkpoint_step")
+    return blocking

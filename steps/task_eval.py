@@ -1,0 +1,547 @@
+"""The `task_eval` step: downstream task scores of a training's checkpoint, with lm-eval-harness.
+
+Runs lm-evaluation-harness's own evaluator on a Levanter model through Levanter's harness adapter
+(`levanter.eval_harness`: it packs the requests into sequences and scores them with the model's
+fused cross-entropy). Tasks are lm-eval registry names with few-shot counts, or inline specs whose
+rows are JSON-lines files (`steps.eval_tasks`). Everything runs offline.
+
+Outputs, under the step's directory:
+
+    results.json        per task: lm-eval's metrics (acc, acc_norm, ... and their stderr, under
+                        lm-eval's own names, the default filter's ",none" suffix dropped), the
+                        number of examples, the few-shot count, `chance` (the accuracy of guessing:
+                        the mean of 1/number-of-choices) and the checkpoint step evaluated
+    samples.jsonl       with `log_samples`: one line per example and task, each choice's
+                        log-likelihood, the right choice, whether the model picked it
+    results/step-N.json with `follow`: the result of each checkpoint, as the training writes them
+    curves.png          with `follow`: each task's accuracy against the training step
+
+Directories may be URLs (gs://, s3://): task files on URLs are copied to a local scratch
+directory first, since lm-eval's loader reads local files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import fsspec
+
+from pipeline import Resources, Step, StepDeclarationError, output_of, step_function, this_output, versioned
+from steps.checkpoints import checkpoint_at, checkpoints_dir, latest_checkpoint
+from steps.eval_tasks import EvalTask, check_tasks, lm_eval_spec, resolve_data_path
+from steps.files import exists, read_json, save_figure, write_json, write_text
+from steps.follow import FollowSettings, check_follow, follow_checkpoints, plain, training_of
+
+__all__ = ["TaskEvalConfig", "task_eval", "task_eval_step"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TaskEvalConfig:
+    """Configuration of the task_eval step."""
+
+    train: str
+    """A train_moe step's output directory."""
+    data: str
+    """The mixture step the training read (its tokenizer tokenizes the tasks)."""
+    output: str
+    """The step's output directory (`this_output()`)."""
+    tasks: tuple[EvalTask, ...] = ()
+    checkpoint_step: int | None = None
+    """Evaluate `checkpoints/step-N`; None: the final checkpoint (or each one, with `follow`)."""
+    follow: bool = False
+    """Evaluate every kept checkpoint as the training writes it (`steps.follow`)."""
+    final_step: int | None = None
+    """The training's last step (its num_steps - 1): where a follower stops."""
+    checkpoint_interval: int | None = None
+    """The training's checkpoint_interval: which checkpoints it keeps."""
+    max_examples: int | None = None
+    """At most this many examples per task (lm-eval's `limit`); None: all of them."""
+    max_length: int = 128
+    """Tokens per packed sequence (at most the model's length); longer requests lose their start."""
+    batch_size: int = 8
+    log_samples: bool = False
+    """Also write samples.jsonl: each example's per-choice log-likelihoods."""
+    task_data: str | None = None
+    """Registry tasks' rows: `<task_data>/<task>/<split>.jsonl`. None: the datasets cache."""
+    datasets_cache: str | None = None
+    """A `datasets` cache directory holding registry tasks' datasets (HF_DATASETS_CACHE)."""
+    data_root: str | None = None
+    """Where inline tasks' relative paths are (not versioned: the same files anywhere)."""
+    bootstrap_iters: int = 1000
+    """lm-eval's bootstrap iterations for the stderr of metrics without a closed form (acc's is)."""
+    follow_settings: FollowSettings = field(default_factory=FollowSettings)
+
+
+def task_eval_step(
+    name: str,
+    *,
+    train: Step,
+    tasks: Sequence[EvalTask | str],
+    checkpoint_step: int | None = None,
+    follow: bool = False,
+    max_examples: int | None = None,
+    max_length: int | None = None,
+    batch_size: int = 8,
+    log_samples: bool = False,
+    task_data: str | None = None,
+    datasets_cache: str | None = None,
+    data_root: str | None = None,
+    blocking: bool | None = None,
+    resources: Resources | None = None,
+) -> Step:
+    """A ready task_eval `Step` on train_moe step `train`.
+
+    `tasks`: `EvalTask`s (`registry_task`, `inline_task`) or `"name:shots"` strings. With
+    `follow=True` it runs beside the training and evaluates each checkpoint as it lands; otherwise
+    it waits for the training and evaluates its final checkpoint (or `checkpoint_step`).
+    Tasks, the checkpoint, `follow`, `max_examples`, `max_length` and `log_samples` are versioned;
+    where the task data lie is not.
+    """
+    try:
+        checked = check_tasks(tasks, data_root, task_data)
+    except ValueError as e:
+        raise StepDeclarationError(name, str(e).split(": ", 1)[-1], field=str(e).split(":", 1)[0]) from e
+    train_config = training_of(name, train)
+    blocking = check_follow(name, blocking, follow, checkpoint_step)
+    return Step(
+        name=name,
+        fn=task_eval,
+        config=TaskEvalConfig(
+            train=output_of(train, blocking=blocking),
+            data=train_config.data,
+            output=this_output(),
+            tasks=versioned(checked),
+            checkpoint_step=versioned(checkpoint_step),
+            follow=versioned(follow),
+            final_step=plain(train_config.num_steps) - 1,
+            checkpoint_interval=train_config.checkpoint_interval,
+            max_examples=versioned(max_examples),
+            max_length=versioned(max_length or plain(train_config.seq_len)),
+            batch_size=batch_size,
+            log_samples=versioned(log_samples),
+            task_data=task_data,
+            datasets_cache=datasets_cache,
+            data_root=data_root,
+        ),
+        description=f"lm-eval tasks on {train.name}",
+        resources=resources or Resources(cpus=1),
+    )
+
+
+# -- the step function ------------------------------------------------------------------------------
+
+
+def task_eval(config: TaskEvalConfig) -> dict[str, Any]:
+    """Evaluate the tasks on the checkpoint(s) of `config`; write results.json (and the rest)."""
+    tasks = check_tasks(config.tasks, config.data_root, config.task_data)
+    with _offline(config.datasets_cache), _local_task_files(tasks, config) as files:
+        task_dict, chances = _build_tasks(tasks, files, config)
+        evaluator = _Evaluator(config, task_dict, chances, tasks)
+        waiting = config.checkpoint_step is not None and (
+            checkpoint_at(checkpoints_dir(config.train), config.checkpoint_step) is None
+        )
+        if config.follow or waiting:
+            # Beside the training: each kept checkpoint (or the one asked for) as it lands.
+            final = config.final_step if config.checkpoint_step is None else config.checkpoint_step
+            done = follow_checkpoints(
+                config.train,
+                config.output,
+                final_step=final,
+                checkpoint_interval=config.checkpoint_interval if config.follow else None,
+                evaluate_one=evaluator.evaluate,
+                settings=config.follow_settings,
+            )
+            result = dict(done[final])
+            if config.follow:
+                result["curve"] = {str(s): _accuracies(r) for s, r in sorted(done.items())}
+                plot_curves(done, os.path.join(config.output, "curves.png"))
+        else:
+            checkpoint, step = _checkpoint(config)
+            result = evaluator.evaluate(step, checkpoint)
+    samples = result.pop("_samples", None)
+    write_json(os.path.join(config.output, "results.json"), result)
+    if samples is not None:
+        write_text(
+            os.path.join(config.output, "samples.jsonl"), "".join(json.dumps(s) + "\n" for s in samples)
+        )
+    return {"checkpoint_step": result["checkpoint_step"], "tasks": _accuracies(result)}
+
+
+def _checkpoint(config: TaskEvalConfig) -> tuple[str, int]:
+    root = checkpoints_dir(config.train)
+    if config.checkpoint_step is not None:
+        path = checkpoint_at(root, config.checkpoint_step)
+        if path is None:
+            raise FileNotFoundError(
+                f"checkpoint_step {config.checkpoint_step}: no complete checkpoint under {root}"
+            )
+        return path, config.checkpoint_step
+    found = latest_checkpoint(root)
+    if found is None:
+        raise FileNotFoundError(
+            f"train: the training output {config.train} has no complete checkpoint under {root}"
+        )
+    return found
+
+
+@contextmanager
+def _offline(datasets_cache: str | None) -> Iterator[None]:
+    """Nothing from a hub: lm-eval and `datasets` read only what is on this machine."""
+    keys = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "HF_DATASETS_CACHE")
+    saved = {k: os.environ.get(k) for k in keys}
+    os.environ["HF_DATASETS_OFFLINE"] = "1"
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    if datasets_cache is not None:
+        if not os.path.isdir(datasets_cache):
+            raise FileNotFoundError(f"datasets_cache: no directory {datasets_cache}")
+        os.environ["HF_DATASETS_CACHE"] = datasets_cache
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextmanager
+def _local_task_files(
+    tasks: Sequence[EvalTask], config: TaskEvalConfig
+) -> Iterator[dict[str, dict[str, str] | None]]:
+    """Per task, split -> a local file for lm-eval's json loader (URLs copied to scratch first);
+    None for a registry task read from the datasets cache."""
+    scratch = tempfile.mkdtemp(prefix="drydock-tasks-", dir=os.environ.get("DRYDOCK_SCRATCH") or None)
+    try:
+        files: dict[str, dict[str, str] | None] = {}
+        for task in tasks:
+            if task.inline:
+                assert task.data is not None
+                wanted = {
+                    split: resolve_data_path(path, config.data_root) for split, path in task.data.items()
+                }
+            elif config.task_data is not None:
+                wanted = _registry_files(task, config.task_data)
+            else:
+                files[task.key] = None
+                continue
+            files[task.key] = {
+                split: _local_copy(path, scratch, task, split) for split, path in wanted.items()
+            }
+        yield files
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _registry_files(task: EvalTask, task_data: str) -> dict[str, str]:
+    directory = f"{task_data.rstrip('/')}/{task.name}"
+    fs, plain = fsspec.core.url_to_fs(directory)
+    try:
+        names = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(plain, detail=False)]
+    except FileNotFoundError:
+        names = []
+    splits = {n[: -len(".jsonl")]: f"{directory}/{n}" for n in names if n.endswith(".jsonl")}
+    if not splits:
+        raise FileNotFoundError(f"task {task.name}: task data missing: no <split>.jsonl files in {directory}")
+    return splits
+
+
+def _local_copy(path: str, scratch: str, task: EvalTask, split: str) -> str:
+    if "://" not in path or path.startswith("file://"):
+        local = path.removeprefix("file://")
+        if not os.path.isfile(local):
+            raise FileNotFoundError(f"task {task.name}: task data missing: no file {local} (split {split})")
+        return local
+    local = os.path.join(scratch, task.key, f"{split}.jsonl")
+    os.makedirs(os.path.dirname(local), exist_ok=True)
+    try:
+        fsspec.core.url_to_fs(path)[0].get_file(fsspec.core.url_to_fs(path)[1], local)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"task {task.name}: task data missing: no file {path} (split {split})") from e
+    return local
+
+
+def _build_tasks(
+    tasks: Sequence[EvalTask], files: dict[str, dict[str, str] | None], config: TaskEvalConfig
+) -> tuple[dict[str, Any], dict[str, float | None]]:
+    """lm-eval's task dict for `tasks`, and each leaf task's chance accuracy."""
+    from lm_eval.tasks import TaskManager, get_task_dict
+
+    manager = TaskManager()
+    task_dict: dict[Any, Any] = {}
+    for task in tasks:
+        spec = lm_eval_spec(task, files[task.key])
+        try:
+            built = get_task_dict([spec], manager)
+        except Exception as e:  # lm-eval and datasets raise many kinds; name the task and where
+            where = (
+                files[task.key] or f"the datasets cache {os.environ.get('HF_DATASETS_CACHE', '(default)')}"
+            )
+            raise ValueError(
+                f"task {task.name}: lm-eval could not load it from {where}: {type(e).__name__}: {e}"
+            ) from e
+        if task.key != task.name:
+            for leaf in _leaves(built):
+                leaf.config.task = task.key  # a few-shot variant reported under its own name
+            built = {(task.key if k == task.name else k): v for k, v in built.items()}
+        task_dict.update(built)
+    chances = {leaf.config.task: _chance(leaf, config.max_examples) for leaf in _leaves(task_dict)}
+    return task_dict, chances
+
+
+def _leaves(task_dict: dict[Any, Any]) -> list[Any]:
+    out = []
+    for value in task_dict.values():
+        out.extend(_leaves(value) if isinstance(value, dict) else [value])
+    return out
+
+
+def _chance(task: Any, limit: int | None) -> float | None:
+    """The accuracy of guessing: the mean of 1/number-of-choices (multiple-choice tasks only)."""
+    if task.OUTPUT_TYPE != "multiple_choice":
+        return None
+    docs = list(task.eval_docs)
+    if limit is not None:
+        docs = docs[:limit]
+    if not docs:
+        return None
+    return sum(1.0 / len(task.doc_to_choice(doc)) for doc in docs) / len(docs)
+
+
+class _Evaluator:
+    """The model-side state kept across checkpoints (mesh, tokenizer, compiled scoring)."""
+
+    def __init__(
+        self,
+        config: TaskEvalConfig,
+        task_dict: dict[str, Any],
+        chances: dict[str, float | None],
+        tasks: Sequence[EvalTask],
+    ) -> None:
+        from levanter.trainer import TrainerConfig
+
+        from steps.mixture import load_data_config
+
+        os.environ.setdefault("MARIN_PREFIX", os.path.join(config.output, ".marin"))
+        self.config = config
+        self.task_dict = task_dict
+        self.chances = chances
+        self.tasks = tasks
+        self.tokenizer = load_data_config(config.data).the_tokenizer
+        self.trainer = TrainerConfig(require_accelerator=False, per_device_eval_parallelism=config.batch_size)
+
+    def evaluate(self, step: int, checkpoint: str) -> dict[str, Any]:
+        """Run every task on the checkpoint of `step`; the result (with `_samples` if logged)."""
+        import haliax as hax
+        from levanter.eval_harness import LmEvalHarnessConfig, _actually_run_eval_harness
+        from levanter.utils.tree_utils import inference_mode
+
+        from steps.checkpoints import load_model
+
+        config, trainer = self.config, self.trainer
+        harness = LmEvalHarnessConfig(
+            task_spec=[],
+            max_examples=config.max_examples,
+            max_length=config.max_length,
+            log_samples=config.log_samples,
+            bootstrap_iters=config.bootstrap_iters,
+        )
+        started = time.time()
+        with hax.partitioning.set_mesh(trainer.device_mesh), hax.axis_mapping(trainer.parameter_axis_mapping):
+            model = load_model(config.train, checkpoint, len(self.tokenizer), trainer.parameter_axis_mapping)
+            model = inference_mode(model, True)
+            outputs = _actually_run_eval_harness(
+                harness,
+                model,
+                _fresh(self.task_dict),
+                self.tokenizer,
+                trainer.EvalBatch,
+                trainer.compute_axis_mapping,
+                None,
+            )
+        assert outputs is not None  # a single process is process 0
+        result = summarize(outputs, self.tasks, self.chances)
+        result.update(checkpoint=checkpoint, checkpoint_step=step, seconds=time.time() - started)
+        if config.log_samples:
+            result["_samples"] = list(_samples(outputs))
+        return result
+
+
+def _fresh(task_dict: dict[Any, Any]) -> dict[Any, Any]:
+    """lm-eval's evaluate() stores requests and results on its task objects: a shallow copy per
+    checkpoint keeps one evaluation's instances out of the next."""
+    import copy
+
+    return {k: (_fresh(v) if isinstance(v, dict) else copy.copy(v)) for k, v in task_dict.items()}
+
+
+def summarize(
+    outputs: dict[str, Any], tasks: Sequence[EvalTask], chances: dict[str, float | None]
+) -> dict[str, Any]:
+    """results.json's tasks from lm-eval's outputs: each requested task (a group's aggregate for a
+    group) and, under `subtasks`, a group's members."""
+    results = outputs.get("results", {})
+    n_samples = outputs.get("n-samples", {})
+    group_subtasks = outputs.get("group_subtasks", {})
+
+    def one(name: str, fewshot: int) -> dict[str, Any]:
+        metrics = {
+            key.removesuffix(",none"): _number(value)
+            for key, value in results.get(name, {}).items()
+            if key not in ("alias", "name", "samples", "sample_len")
+        }
+        leaves = _leaf_names(name, group_subtasks)
+        examples = sum(n_samples.get(leaf, {}).get("effective", 0) for leaf in leaves)
+        leaf_chances = [(chances.get(leaf), n_samples.get(leaf, {}).get("effective", 0)) for leaf in leaves]
+        chance = None
+        if leaf_chances and all(c is not None for c, _ in leaf_chances) and examples:
+            chance = sum(c * n for c, n in leaf_chances if c is not None) / examples
+        return {"metrics": metrics, "examples": examples, "num_fewshot": fewshot, "chance": chance}
+
+    out: dict[str, Any] = {"tasks": {}}
+    for task in tasks:
+        entry = one(task.key, task.num_fewshot)
+        members = group_subtasks.get(task.key) or []
+        if members:
+            entry["subtasks"] = {m: one(m, task.num_fewshot) for m in members}
+        out["tasks"][task.key] = entry
+    return out
+
+
+def _leaf_names(name: str, group_subtasks: dict[str, list[str]]) -> list[str]:
+    members = group_subtasks.get(name)
+    if not members:
+        return [name]
+    return [leaf for m in members for leaf in _leaf_names(m, group_subtasks)]
+
+
+def _number(value: Any) -> Any:
+    """A JSON-able metric: numpy scalars as floats, lm-eval's "N/A" as None."""
+    if isinstance(value, str):
+        return None if value == "N/A" else value
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return value
+
+
+def _samples(outputs: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    for task, samples in outputs.get("samples", {}).items():
+        for sample in samples:
+            resps = sample.get("resps") or []
+            lls = [float(r[0][0]) for r in resps if r and isinstance(r[0], (list, tuple))]
+            yield {
+                "task": task,
+                "doc_id": sample.get("doc_id"),
+                "target": sample.get("target"),
+                "choices": [a[1] for a in sample.get("arguments", [])],
+                "context": sample["arguments"][0][0] if sample.get("arguments") else None,
+                "loglikelihoods": lls,
+                "acc": _number(sample.get("acc")),
+                "acc_norm": _number(sample.get("acc_norm")),
+            }
+
+
+def _accuracies(result: dict[str, Any]) -> dict[str, float | None]:
+    """Each task's headline number: acc (else the first metric)."""
+    out = {}
+    for name, entry in result["tasks"].items():
+        metrics = entry["metrics"]
+        value = metrics.get("acc")
+        if value is None:
+            value = next((v for k, v in metrics.items() if "stderr" not in k and isinstance(v, float)), None)
+        out[name] = value
+    return out
+
+
+def plot_curves(done: dict[int, dict[str, Any]], png_path: str) -> None:
+    """Each task's accuracy against the training step, with its chance level dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = sorted(done)
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    names = list(done[steps[-1]]["tasks"])
+    for name in names:
+        values = [_accuracies(done[s]).get(name) for s in steps]
+        (line,) = ax.plot(steps, values, "o-", label=name, markersize=4)
+        chance = done[steps[-1]]["tasks"][name].get("chance")
+        if chance is not None:
+            ax.axhline(chance, linestyle="--", color=line.get_color(), alpha=0.5, linewidth=1)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("accuracy (dashed: chance)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, png_path)
+    plt.close(fig)
+
+
+def report(config: TaskEvalConfig) -> dict[str, Any] | None:
+    """The end-of-run summary and the dashboard's: the task table, the checkpoint, the curves."""
+    path = os.path.join(config.output, "results.json")
+    if not exists(path):
+        return None
+    result = read_json(path)
+    rows = []
+    for name, entry in result["tasks"].items():
+        metrics = entry["metrics"]
+        acc, stderr = metrics.get("acc"), metrics.get("acc_stderr")
+        norm = metrics.get("acc_norm")
+        rows.append(
+            {
+                "task": name,
+                "shots": entry["num_fewshot"],
+                "examples": entry["examples"],
+                "acc": "-" if acc is None else f"{acc:.3f}" + ("" if stderr is None else f" ± {stderr:.3f}"),
+                "acc_norm": "-" if norm is None else f"{norm:.3f}",
+                "chance": "-" if entry.get("chance") is None else f"{entry['chance']:.3f}",
+            }
+        )
+    out: dict[str, Any] = {
+        "tasks": rows,
+        "checkpoint": f"step {result['checkpoint_step']} ({result['checkpoint']})",
+    }
+    curves = os.path.join(config.output, "curves.png")
+    if exists(curves):
+        out["task curves"] = curves
+    return out
+
+
+def metrics(config: TaskEvalConfig) -> dict[str, float] | None:
+    """For `drydock compare`: each task's metrics (acc, acc_norm, ...), without their stderr."""
+    path = os.path.join(config.output, "results.json")
+    if not exists(path):
+        return None
+    out = {}
+    for name, entry in read_json(path)["tasks"].items():
+        for key, value in entry["metrics"].items():
+            if isinstance(value, float) and "stderr" not in key:
+                out[f"task/{name}/{key}"] = value
+    return out
+
+
+def preview(config: TaskEvalConfig) -> dict[str, Any]:
+    """Shown by `drydock plan`: the tasks and their few-shot counts, and where their data are."""
+    out: dict[str, Any] = {"tasks": ", ".join(f"{t.name}:{t.num_fewshot}" for t in config.tasks)}
+    if config.follow:
+        out["follow"] = "every checkpoint"
+    if any(not t.inline for t in config.tasks):
+        out["task data"] = config.task_data or config.datasets_cache or "the datasets cache"
+    return out
+
+
+step_function(task_eval, preview=preview, report=report, metrics=metrics)
