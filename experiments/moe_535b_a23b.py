@@ -4,6 +4,11 @@
                                                          # parameters, tokens and steps of training
     DRYDOCK_535B_DATA=gs://bucket/raw drydock run experiments/moe_535b_a23b.py --ray_address HOST:6379
 
+Downstream tasks: the usual base-model set (HellaSwag, ARC easy/challenge, PIQA, WinoGrande, BoolQ,
+OpenBookQA, CommonsenseQA, MMLU) as lm-eval registry names with their customary few-shot counts,
+run on the final checkpoint. Their rows are read offline from DRYDOCK_535B_TASK_DATA
+(`<task>/<split>.jsonl`, e.g. exported once from the Hub on a machine that can reach it).
+
 The model, in Levanter's Qwen3-MoE: hidden 6144, 48 layers, 48 query heads of 128 and 8 KV heads
 (grouped-query attention), QK norm, 248 fine-grained experts of width 2432 with top-8 routing,
 vocabulary 128,256 (the Llama 3 tokenizer). `parameter_counts` gives 539.5B total (+0.8%) and
@@ -32,11 +37,13 @@ from pipeline import Resources, executor_main
 from steps.evaluate import evaluate_step
 from steps.mixture import mixture_step
 from steps.moe import MoeModelConfig
+from steps.task_eval import task_eval_step
 from steps.tokenize import tokenize_step
 from steps.train_moe import OptimizerSpec, train_moe_step
 
 DATA = os.environ.get("DRYDOCK_535B_DATA", "gs://your-bucket/raw")
 TOKENIZER = os.environ.get("DRYDOCK_535B_TOKENIZER", "meta-llama/Meta-Llama-3.1-8B")
+TASK_DATA = os.environ.get("DRYDOCK_535B_TASK_DATA", "gs://your-bucket/eval-tasks")
 VOCAB_SIZE = 128_256
 TRAIN_TOKENS = 18 * 10**12
 BATCH_SIZE = 11_264
@@ -126,5 +133,27 @@ evaluation = evaluate_step(
     resources=Resources(tpu="v5p-256"),
 )
 
+# The standard base-model evaluations, "name:shots" (lm-eval registry names).
+BASE_MODEL_TASKS = [
+    "hellaswag:10",
+    "arc_easy:25",
+    "arc_challenge:25",
+    "piqa:0",
+    "winogrande:5",
+    "boolq:0",
+    "openbookqa:0",
+    "commonsense_qa:7",
+    "mmlu:5",
+]
+
+tasks = task_eval_step(
+    "tasks/moe-535b-a23b",
+    train=train,
+    tasks=BASE_MODEL_TASKS,
+    task_data=TASK_DATA,
+    batch_size=512,
+    resources=Resources(tpu="v5p-256"),
+)
+
 if __name__ == "__main__":
-    executor_main([evaluation], description="535B-total / 23B-active MoE on 18T tokens")
+    executor_main([evaluation, tasks], description="535B-total / 23B-active MoE on 18T tokens")

@@ -26,7 +26,14 @@ from typing import Any
 from pipeline import Resources, Step, output_of, step_function, this_output, versioned
 from steps.checkpoints import checkpoint_at, checkpoints_dir, latest_checkpoint
 from steps.files import exists, read_json, save_figure, write_json
-from steps.follow import FollowSettings, check_follow, follow_checkpoints, plain, training_of
+from steps.follow import (
+    FollowSettings,
+    check_checkpoint_step,
+    check_follow,
+    follow_checkpoints,
+    plain,
+    training_of,
+)
 
 __all__ = ["EvaluateConfig", "evaluate", "evaluate_step"]
 
@@ -77,6 +84,7 @@ def evaluate_step(
     """
     train_config = training_of(name, train)
     blocking = check_follow(name, blocking, follow, checkpoint_step)
+    check_checkpoint_step(name, train_config, checkpoint_step)
     return Step(
         name=name,
         fn=evaluate,

@@ -27,6 +27,7 @@ from steps.files import read_json, write_json
 
 __all__ = [
     "FollowSettings",
+    "check_checkpoint_step",
     "check_follow",
     "follow_checkpoints",
     "plain",
@@ -164,3 +165,18 @@ def check_follow(name: str, blocking: bool | None, follow: bool, checkpoint_step
     if checkpoint_step is not None and (not isinstance(checkpoint_step, int) or checkpoint_step < 0):
         raise StepDeclarationError(name, f"must be a step number, got {checkpoint_step!r}", "checkpoint_step")
     return blocking
+
+
+def check_checkpoint_step(name: str, training: Any, checkpoint_step: int | None) -> None:
+    """A checkpoint the training keeps (every `checkpoint_interval` steps, and its final step), or
+    the declaration error of step `name`: any other one never exists, or is deleted under the reader."""
+    if checkpoint_step is None:
+        return
+    final, interval = plain(training.num_steps) - 1, training.checkpoint_interval
+    if not kept_steps_of(final, interval)(checkpoint_step):
+        raise StepDeclarationError(
+            name,
+            f"the training keeps checkpoints every {interval} steps and at its final step {final}; "
+            f"step {checkpoint_step} is not one of them",
+            "checkpoint_step",
+        )

@@ -39,7 +39,14 @@ from pipeline import Resources, Step, StepDeclarationError, output_of, step_func
 from steps.checkpoints import checkpoint_at, checkpoints_dir, latest_checkpoint
 from steps.eval_tasks import EvalTask, check_tasks, lm_eval_spec, resolve_data_path
 from steps.files import exists, read_json, save_figure, write_json, write_text
-from steps.follow import FollowSettings, check_follow, follow_checkpoints, plain, training_of
+from steps.follow import (
+    FollowSettings,
+    check_checkpoint_step,
+    check_follow,
+    follow_checkpoints,
+    plain,
+    training_of,
+)
 
 __all__ = ["TaskEvalConfig", "task_eval", "task_eval_step"]
 
@@ -114,6 +121,7 @@ def task_eval_step(
         raise StepDeclarationError(name, str(e).split(": ", 1)[-1], field=str(e).split(":", 1)[0]) from e
     train_config = training_of(name, train)
     blocking = check_follow(name, blocking, follow, checkpoint_step)
+    check_checkpoint_step(name, train_config, checkpoint_step)
     return Step(
         name=name,
         fn=task_eval,
@@ -499,16 +507,15 @@ def report(config: TaskEvalConfig) -> dict[str, Any] | None:
     rows = []
     for name, entry in result["tasks"].items():
         metrics = entry["metrics"]
-        acc, stderr = metrics.get("acc"), metrics.get("acc_stderr")
-        norm = metrics.get("acc_norm")
         rows.append(
             {
                 "task": name,
                 "shots": entry["num_fewshot"],
                 "examples": entry["examples"],
-                "acc": "-" if acc is None else f"{acc:.3f}" + ("" if stderr is None else f" ± {stderr:.3f}"),
-                "acc_norm": "-" if norm is None else f"{norm:.3f}",
-                "chance": "-" if entry.get("chance") is None else f"{entry['chance']:.3f}",
+                "acc": _rounded(metrics.get("acc")),
+                "±": _rounded(metrics.get("acc_stderr")),
+                "acc_norm": _rounded(metrics.get("acc_norm")),
+                "chance": _rounded(entry.get("chance")),
             }
         )
     out: dict[str, Any] = {
@@ -532,6 +539,10 @@ def metrics(config: TaskEvalConfig) -> dict[str, float] | None:
             if isinstance(value, float) and "stderr" not in key:
                 out[f"task/{name}/{key}"] = value
     return out
+
+
+def _rounded(value: Any) -> float | str:
+    return round(value, 3) if isinstance(value, float) else "-"
 
 
 def preview(config: TaskEvalConfig) -> dict[str, Any]:

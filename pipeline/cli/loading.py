@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from pipeline.errors import StepDeclarationError
+from pipeline.errors import DrydockError, StepDeclarationError
 from pipeline.run.options import ExecutorMainConfig, parse_options
 from pipeline.step import Step
 from pipeline.storage.manifests import is_manifest
@@ -76,6 +76,11 @@ def run_file(path: str, options: Sequence[str], handler: Handler) -> int:
     except SystemExit as e:
         if calls or e.code not in (None, 0):
             return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except DrydockError as e:
+        # A mistake caught while the file declares its steps (a step library's own checks): the
+        # same one line and exit code as a mistake executor_main finds.
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
     if not calls:

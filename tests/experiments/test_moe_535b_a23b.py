@@ -32,13 +32,17 @@ def test_the_plan_lists_every_step_with_parameters_tokens_and_steps(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     steps = {s["name"]: s for s in json.loads(result.stdout)["steps"]}
-    assert len(steps) == 8 and {s["state"] for s in steps.values()} == {"RUN"}
+    assert len(steps) == 9 and {s["state"] for s in steps.values()} == {"RUN"}
     train = steps["train/moe-535b-a23b"]
     assert abs(train["total_params"] / 535e9 - 1) < 0.03
     assert abs(train["active_params"] / 23e9 - 1) < 0.03
     assert train["num_train_steps"] == 390_140
     assert train["train_tokens"] == 390_140 * 11_264 * 4_096 >= 18 * 10**12
     assert "3 phase(s)" in steps["mixture/535b-a23b"]["preview"]
+    # The standard base-model tasks, declared by registry name and shots, their data elsewhere.
+    tasks = steps["tasks/moe-535b-a23b"]
+    assert "hellaswag:10" in tasks["tasks"] and "mmlu:5" in tasks["tasks"]
+    assert tasks["task data"] == "gs://your-bucket/eval-tasks"
     assert not tmp_path.joinpath("tokenized").exists()  # planning writes nothing
 
 
@@ -47,7 +51,7 @@ def test_its_recipe_rebuilds_from_a_manifest_with_the_same_identities():
     from pipeline.core.dag import build_dag
     from pipeline.run.recipe import recipe_entries, steps_from_manifest
 
-    dag = build_dag([recipe_file.evaluation], "gs://bucket/runs")
+    dag = build_dag([recipe_file.evaluation, recipe_file.tasks], "gs://bucket/runs")
     recipes = recipe_entries(dag, recipe_file.__file__)
     assert all(isinstance(r, dict) for r in recipes.values()), recipes
     manifest = json.loads(

@@ -44,10 +44,23 @@ def test_tiny_moe_learns_and_a_rerun_does_nothing(tmp_path):
     assert results["average"]["loss"] < 0.3 * losses[0], (losses[0], results["average"])
     for values in results["validation_sets"].values():
         assert values["loss"] < 0.5 * losses[0]
+    # Downstream tasks (lm-eval-harness on the demo suite): the model beats guessing on at least one,
+    # by three standard errors, on at least 200 examples.
+    assert "chance" in first.stdout and "stories" in first.stdout
+    (tasks,) = prefix.glob("tasks/tiny-qwen3-moe-*")
+    scores = json.loads((tasks / "results.json").read_text())["tasks"]
+    assert set(scores) == {"sums", "stories"}
+    assert all(entry["examples"] >= 200 and entry["chance"] == 0.25 for entry in scores.values())
+    beaten = [
+        name
+        for name, entry in scores.items()
+        if entry["metrics"]["acc"] >= entry["chance"] + 3 * entry["metrics"]["acc_stderr"]
+    ]
+    assert beaten, scores
     second = run(prefix, "--json")
     assert second.returncode == 0, second.stderr[-4000:]
     assert {s["state"] for s in json.loads(second.stdout)["steps"]} == {"CACHED"}
-    # The manifest alone rebuilds the same five steps: a rerun at the same prefix is fully cached.
+    # The manifest alone rebuilds the same six steps: a rerun at the same prefix is fully cached.
     (manifest,) = (prefix / "experiments").glob("tiny_moe-*.json")
     third = subprocess.run(
         [sys.executable, "-m", "pipeline", "rerun", str(manifest), "--json"],
@@ -59,4 +72,4 @@ def test_tiny_moe_learns_and_a_rerun_does_nothing(tmp_path):
     )
     assert third.returncode == 0, third.stderr[-4000:]
     reran = json.loads(third.stdout)["steps"]
-    assert len(reran) == 5 and {s["state"] for s in reran} == {"CACHED"}
+    assert len(reran) == 6 and {s["state"] for s in reran} == {"CACHED"}

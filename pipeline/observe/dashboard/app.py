@@ -242,6 +242,7 @@ def _templates(app: FastAPI, prefix: str) -> Jinja2Templates:
         progress=_fmt_progress,
         is_table=is_table,
     )
+    env.tests["startingwith"] = lambda value, start: isinstance(value, str) and value.startswith(start)
     # Links are paths, not absolute URLs: they keep working through an SSH tunnel or a proxy.
     env.globals.update(prefix=prefix, state_color=_badge_color, path_for=app.url_path_for)
     return templates

@@ -124,3 +124,25 @@ def score_tiny(config: ScoreConfig) -> None:
     os.makedirs(config.output, exist_ok=True)
     with open(os.path.join(config.output, "scores.json"), "w") as f:
         json.dump({"arith": 0.75, "prose": 0.5}, f)
+
+
+def train_metrics(config: TrainConfig) -> dict:
+    """What `drydock compare` compares of a training: its final loss."""
+    return {"train/loss": loss_at(config.num_steps - 1) * (1 + config.learning_rate)}
+
+
+def eval_metrics(config: EvalConfig) -> dict:
+    with open(os.path.join(config.output, "results.json")) as f:
+        sets = json.load(f)["validation_sets"]
+    return {f"eval/{name}/loss": values["loss"] for name, values in sets.items()}
+
+
+def task_metrics(config: ScoreConfig) -> dict:
+    with open(os.path.join(config.output, "scores.json")) as f:
+        return {f"task/{name}/acc": value for name, value in json.load(f).items()}
+
+
+# The compared kind of each: a training's row gets its evaluations' metrics (pipeline.observe.compare).
+step_function(train_tiny, metrics=train_metrics)
+step_function(evaluate_tiny, metrics=eval_metrics)
+step_function(score_tiny, report=score_report, metrics=task_metrics)

@@ -131,3 +131,48 @@ def test_dashboard_in_a_browser(dashboard, runs, page, tmp_path):
     page.screenshot(path=str(tmp_path / "broken.png"), full_page=True)
     if UPDATE_DOCS:
         page.screenshot(path=os.path.join(DOCS_IMAGES, "dashboard-experiment.png"))
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    """A prefix with two runs of a small sweep (two trainings, their evaluations and task scores)."""
+    from pipeline import ExecutorMainConfig, run_experiment
+    from tests.pipeline.observe.dashboard.conftest import start_dashboard, stop
+    from tests.pipeline.observe.test_compare import sweep
+
+    prefix = str(tmp_path_factory.mktemp("compare_page") / "prefix")
+    for name, rates in (("lr_low", [1e-3]), ("lr_grid", [3e-3, 3e-2])):
+        config = ExecutorMainConfig(prefix=prefix, backend="local", experiment=name)
+        assert run_experiment(sweep(rates), config).ok
+    server = start_dashboard(prefix)
+    yield server
+    stop(server)
+
+
+def test_compare_page_in_a_browser(compared, page, tmp_path):
+    # Tick both runs on the experiment list, then compare them.
+    page.goto(compared.url)
+    boxes = page.locator('#experiments input[type="checkbox"]')
+    assert boxes.count() == 2
+    for i in range(2):
+        boxes.nth(i).check()
+    page.get_by_role("button", name="compare the ticked runs").click()
+    page.wait_for_url("**/compare?run=*")
+    # One row per training (the grid run has two), the field that differs, the metrics.
+    rows = page.locator("#comparison tr.row")
+    assert rows.count() == 3
+    header = page.locator("#comparison thead").inner_text()
+    assert "learning_rate" in header and "train/loss" in header and "task/arith/acc" in header
+    assert "documents" not in header  # the same in every row: not a column
+    # Task scores side by side, one column per row.
+    assert page.locator("#task-scores thead th").count() == 4
+    # One chart: every training's loss curve overlaid, drawn by Chart.js.
+    page.wait_for_function("() => window.Chart && Chart.getChart('compare-chart')")
+    datasets = page.evaluate("() => Chart.getChart('compare-chart').data.datasets.map(d => d.label)")
+    assert len(datasets) == 3 and all("(train)" in d for d in datasets)
+    page.screenshot(path=str(tmp_path / "compare.png"), full_page=True)
+    if UPDATE_DOCS:
+        page.screenshot(path=os.path.join(DOCS_IMAGES, "dashboard-compare.png"), full_page=True)
+    # A run that is not there is a 404 page, not a traceback.
+    page.goto(compared.url + "compare?run=nope")
+    assert "no experiment 'nope'" in page.locator("#error").inner_text()

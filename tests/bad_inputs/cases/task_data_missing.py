@@ -1,0 +1,20 @@
+"""An inline task whose rows are not where it says."""
+
+# expect: step 'tasks/x', field `tasks[0] (sums).data['test']`: task data missing: no file /nowhere/sums.jsonl
+# args:
+from pipeline import executor_main
+from steps.eval_tasks import inline_task
+from steps.task_eval import task_eval_step
+from tests.steps.test_follow import tiny_training
+
+sums = inline_task(
+    "sums",
+    {"test": "sums.jsonl"},
+    doc_to_text="{{query}}",
+    doc_to_choice="{{choices}}",
+    doc_to_target="{{gold}}",
+)
+tasks = task_eval_step("tasks/x", train=tiny_training(), tasks=[sums], data_root="/nowhere")
+
+if __name__ == "__main__":
+    executor_main([tasks])

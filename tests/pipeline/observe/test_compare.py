@@ -1,0 +1,104 @@
+"""`pipeline.observe.compare`: rows from real runs of the executor (local backend), in milliseconds."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import pytest
+
+from pipeline import ExecutorMainConfig, Step, output_of, run_experiment, this_output, versioned
+from pipeline.observe.compare import (
+    compare_rows,
+    differing_params,
+    loss_curves,
+    manifest_steps,
+    rows_csv,
+    rows_json,
+    sort_rows,
+)
+from pipeline.storage.files import open_storage
+from pipeline.storage.manifests import list_manifests, load_manifest, manifest_dir
+from pipeline.storage.step_store import StepStore
+from tests.pipeline.observe.dashboard.fixture_steps import (
+    CorpusConfig,
+    EvalConfig,
+    ScoreConfig,
+    TrainConfig,
+    evaluate_tiny,
+    loss_at,
+    score_tiny,
+    train_tiny,
+    write_corpus,
+)
+
+
+def sweep(learning_rates: list[float]) -> list[Step]:
+    corpus = Step("data/corpus", write_corpus, CorpusConfig(this_output(), versioned(3)))
+    out = []
+    for i, lr in enumerate(learning_rates):
+        train = Step(
+            f"train/lr{i}",
+            train_tiny,
+            TrainConfig(output_of(corpus), this_output(), versioned(20), versioned(lr), None),
+        )
+        out.append(Step(f"eval/lr{i}", evaluate_tiny, EvalConfig(output_of(train), this_output())))
+        out.append(Step(f"tasks/lr{i}", score_tiny, ScoreConfig(output_of(train), this_output())))
+    return out
+
+
+@pytest.fixture(scope="module")
+def prefix(tmp_path_factory) -> str:
+    root = str(tmp_path_factory.mktemp("compare") / "prefix")
+    for name, rates in (("one", [1e-3]), ("two", [1e-2]), ("grid", [1e-3, 3e-3, 1e-2])):
+        report = run_experiment(
+            sweep(rates), ExecutorMainConfig(prefix=root, backend="local", experiment=name)
+        )
+        assert report.ok
+    return root
+
+
+def steps_of(prefix: str, experiment: str):
+    storage = open_storage(prefix)
+    (name,) = [n for n in list_manifests(storage, prefix) if n.startswith(f"{experiment}-")]
+    return manifest_steps(load_manifest(f"{manifest_dir(prefix)}/{name}"), experiment, prefix)
+
+
+def test_one_row_per_training_with_its_evaluations_metrics(prefix):
+    store = StepStore(open_storage(prefix))
+    rows = compare_rows(steps_of(prefix, "one") + steps_of(prefix, "two"), store)
+    assert [(r.run, r.name) for r in rows] == [("one", "train/lr0"), ("two", "train/lr0")]
+    for row, lr in zip(rows, (1e-3, 1e-2), strict=True):
+        assert row.metrics["train/loss"] == pytest.approx(loss_at(19) * (1 + lr))
+        assert row.metrics["eval/web/loss"] == pytest.approx(loss_at(19) + 0.1)
+        assert row.metrics["task/arith/acc"] == 0.75
+        assert row.params["learning_rate"] == lr and row.params["data/corpus.documents"] == 3
+    # Only what differs is a column; the corpus and the step count agree.
+    assert differing_params(rows) == ["learning_rate"]
+
+
+def test_a_sweep_gives_a_row_per_training_and_sorts(prefix):
+    store = StepStore(open_storage(prefix))
+    rows = compare_rows(steps_of(prefix, "grid"), store)
+    assert sorted(r.name for r in rows) == ["train/lr0", "train/lr1", "train/lr2"]
+    ordered = sort_rows(rows, "train/loss", descending=True)
+    assert [r.params["learning_rate"] for r in ordered] == [1e-2, 3e-3, 1e-3]
+    with pytest.raises(KeyError):
+        sort_rows(rows, "no/such/metric")
+    table = list(csv.reader(io.StringIO(rows_csv(ordered))))
+    assert table[0][:3] == ["run", "step", "learning_rate"] and len(table) == 4
+    document = rows_json(ordered)
+    assert document["params"] == ["learning_rate"] and "task/prose/acc" in document["metrics"]
+    curves = loss_curves(store, ordered)
+    assert len(curves) == 3 and len(curves[0]["train"]) == 20 and curves[0]["eval"] == []
+
+
+def test_a_failed_or_unfinished_step_gives_no_row(tmp_path):
+    from tests.pipeline.observe.dashboard.fixture_steps import diverge
+
+    root = str(tmp_path / "prefix")
+    corpus = Step("data/corpus", write_corpus, CorpusConfig(this_output(), versioned(3)))
+    bad = Step("train/bad", diverge, TrainConfig(output_of(corpus), this_output(), versioned(5)))
+    report = run_experiment([bad], ExecutorMainConfig(prefix=root, backend="local", experiment="bad"))
+    assert not report.ok
+    assert compare_rows(steps_of(root, "bad"), StepStore(open_storage(root))) == []

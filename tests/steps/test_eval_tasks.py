@@ -1,0 +1,118 @@
+"""Task specs for `task_eval`: parsing, the checks made when a step is declared, and lm-eval's view
+of an inline task (real lm-eval, no model)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline import StepDeclarationError
+from steps.demo_tasks import DEMO_TASKS
+from steps.eval_tasks import (
+    EvalTask,
+    _indexed_names,
+    as_task,
+    check_tasks,
+    inline_task,
+    lm_eval_spec,
+    registry_names,
+    registry_task,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+CORE = ["hellaswag", "arc_easy", "arc_challenge", "piqa", "winogrande", "boolq", "mmlu", "openbookqa"]
+
+
+def test_strings_name_registry_tasks_with_shots():
+    assert as_task("hellaswag:10") == registry_task("hellaswag", 10)
+    assert as_task("piqa") == EvalTask("piqa")
+    assert registry_task("mmlu", 5).key == "mmlu_5shot"
+    with pytest.raises(ValueError, match="whole number"):
+        as_task("hellaswag:ten")
+
+
+def test_the_core_base_model_tasks_are_known_without_loading_the_registry():
+    assert set(CORE) <= _indexed_names()
+    assert check_tasks([f"{name}:0" for name in CORE], None, None)
+
+
+def test_an_unknown_task_name_suggests_close_names():
+    with pytest.raises(
+        ValueError, match=r"tasks\[1\] \(hellaswog\): lm-eval has no task 'hellaswog'; did you mean hellaswag"
+    ):
+        check_tasks(["piqa", "hellaswog"], None, None)
+
+
+def test_the_quick_index_agrees_with_lm_evals_registry_on_what_it_lists():
+    # Every name the text index finds but the TaskManager does not would be a false "known".
+    assert len(_indexed_names() - registry_names()) <= 2
+
+
+def test_registry_task_data_directory_must_hold_the_task(tmp_path):
+    (tmp_path / "piqa").mkdir()
+    assert check_tasks(["piqa"], None, str(tmp_path))
+    with pytest.raises(ValueError, match=r"boolq.*its data is missing: no directory .*boolq"):
+        check_tasks(["boolq"], None, str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"output_type": "ranking"}, r"output_type: 'ranking' is not one of"),
+        ({"doc_to_choice": None}, r"doc_to_choice: an inline multiple_choice task needs"),
+        ({"test_split": "validation"}, r"test_split: no file for split 'validation'"),
+        ({"num_fewshot": 2, "fewshot_split": None}, r"fewshot_split: 2-shot needs a split"),
+        ({"data": {"test": "data/tasks/sums/nope.jsonl"}}, r"data\['test'\]: task data missing: no file"),
+        ({"name": "has space"}, r"name: 'has space' is not a task name"),
+    ],
+)
+def test_malformed_inline_tasks_name_the_field(change, match):
+    import dataclasses
+
+    task = dataclasses.replace(DEMO_TASKS[0], **change)
+    with pytest.raises(ValueError, match=match):
+        check_tasks([task], str(ROOT), None)
+
+
+def test_a_task_listed_twice_and_no_tasks_are_refused():
+    with pytest.raises(ValueError, match="listed twice"):
+        check_tasks(["piqa", "piqa:0"], None, None)
+    with pytest.raises(ValueError, match="at least one task"):
+        check_tasks([], None, None)
+
+
+def test_the_step_refuses_bad_tasks_at_declaration():
+    from steps.task_eval import task_eval_step
+    from tests.steps.test_follow import tiny_training
+
+    with pytest.raises(StepDeclarationError, match=r"step 'tasks/x', field `tasks\[0\] \(hellaswog\)`"):
+        task_eval_step("tasks/x", train=tiny_training(), tasks=["hellaswog"])
+
+
+def test_an_inline_task_through_lm_eval(tmp_path):
+    from lm_eval.tasks import TaskManager, get_task_dict
+
+    rows = [
+        {"q": f"{i} + 1 =", "options": [str(i + 1), str(i + 2), "x"][: 2 + i % 2], "answer": 0}
+        for i in range(6)
+    ]
+    path = tmp_path / "test.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = inline_task(
+        "plus_one",
+        {"test": str(path)},
+        doc_to_text="{{q}}",
+        doc_to_choice="{{options}}",
+        doc_to_target="{{answer}}",
+    )
+    (checked,) = check_tasks([task], None, None)
+    built = get_task_dict([lm_eval_spec(checked, {"test": str(path)})], TaskManager())
+    lm_task = built["plus_one"]
+    docs = list(lm_task.eval_docs)
+    assert len(docs) == 6 and lm_task.doc_to_choice(docs[1]) == ["2", "3", "x"]
+    from steps.task_eval import _chance
+
+    assert _chance(lm_task, None) == pytest.approx((3 * 0.5 + 3 / 3) / 6)
+    assert _chance(lm_task, 2) == pytest.approx((0.5 + 1 / 3) / 2)

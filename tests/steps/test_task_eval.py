@@ -1,0 +1,187 @@
+"""Task evaluation and checkpoint followers on a real tiny training, run as a user runs them.
+
+One experiment: a 40-step training (a checkpoint every 10 steps); beside it, from the start, a loss
+follower and a task follower (`follow=True`); after it, a task evaluation of the final checkpoint
+that logs its samples. The first run is killed once the loss follower has evaluated step 20; the
+second finishes it. Then: every kept checkpoint was evaluated once (what was done before the kill
+is untouched), the followers ended after the final checkpoint, and the task scores agree with
+log-likelihoods computed here, by hand, from the Levanter model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+KEPT = [10, 20, 30, 39]
+MAX_LENGTH = 64
+
+EXPERIMENT = """
+from pipeline import executor_main
+from steps.demo_tasks import demo_task
+from steps.evaluate import evaluate_step
+from steps.mixture import mixture_step
+from steps.moe import TINY_MOE
+from steps.task_eval import task_eval_step
+from steps.tokenize import tokenize_step
+from steps.train_moe import train_moe_step
+
+ROOT = {root!r}
+def tok(domain):
+    return tokenize_step(f"tokenized/{{domain}}", train=[f"data/corpus/{{domain}}/train-*.jsonl"],
+                         validation=[f"data/corpus/{{domain}}/validation-*.jsonl"],
+                         tokenizer="data/tokenizer", input_root=ROOT)
+mix = mixture_step("mixture/test", components={{"prose": tok("prose"), "arithmetic": tok("arithmetic")}},
+                   weights={{"prose": 0.5, "arithmetic": 0.5}}, target_tokens=40 * 8 * 64,
+                   batch_size=8, seq_len=64, validation=["prose", "arithmetic"])
+train = train_moe_step("train/test", data=mix, model=TINY_MOE, batch_size=8, seq_len=64, num_steps=40,
+                       checkpoint_interval=10, eval_interval=1000)
+losses = evaluate_step("evaluate/follow", train=train, data=mix, seq_len=64, max_batches=2, follow=True)
+curve = task_eval_step("tasks/follow", train=train, tasks=[demo_task("stories")], follow=True,
+                       max_examples=24, data_root=ROOT)
+final = task_eval_step("tasks/final", train=train, tasks=[demo_task("sums"), demo_task("stories", 2)],
+                       max_examples=48, log_samples=True, data_root=ROOT)
+if __name__ == "__main__":
+    executor_main([losses, curve, final])
+"""
+
+
+def command(exp: Path, prefix: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "pipeline",
+        "run",
+        str(exp),
+        "--prefix",
+        str(prefix),
+        "--backend",
+        "local",
+        "--max_concurrent",
+        "4",
+        *extra,
+    ]
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}
+
+
+def step_dir(prefix: Path, name: str) -> Path:
+    (found,) = prefix.glob(f"{name}-*")
+    return found
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("task_eval")
+    exp = tmp / "exp.py"
+    exp.write_text(EXPERIMENT.format(root=str(ROOT)))
+    prefix = tmp / "prefix"
+    first = subprocess.Popen(
+        command(exp, prefix),
+        env=env(),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 600
+    while not list(prefix.glob("evaluate/follow-*/results/step-20.json")):
+        assert time.monotonic() < deadline and first.poll() is None, "the follower never evaluated step 20"
+        time.sleep(0.1)
+    os.killpg(first.pid, signal.SIGKILL)  # the run and every process it started
+    first.wait(30)
+    before = {p: p.stat().st_mtime_ns for p in prefix.glob("*/follow-*/results/step-*.json")}
+    second = subprocess.run(
+        command(exp, prefix), env=env(), cwd=ROOT, capture_output=True, text=True, timeout=900
+    )
+    assert second.returncode == 0, second.stderr[-4000:]
+    return prefix, before, second
+
+
+def test_followers_evaluate_every_kept_checkpoint_once_and_resume_after_a_kill(run):
+    prefix, before, _ = run
+    assert any("evaluate/follow" in str(p) for p in before)
+    for name in ("evaluate/follow", "tasks/follow"):
+        out = step_dir(prefix, name)
+        assert sorted(int(p.stem[5:]) for p in (out / "results").glob("step-*.json")) == KEPT
+        result = json.loads((out / "results.json").read_text())
+        assert result["checkpoint_step"] == 39 and sorted(map(int, result["curve"])) == KEPT
+        assert (out / "curves.png").stat().st_size > 1000
+    # Whatever was evaluated before the kill was not evaluated again.
+    assert {p: p.stat().st_mtime_ns for p in before} == before
+    losses = json.loads((step_dir(prefix, "evaluate/follow") / "results.json").read_text())["curve"]
+    assert losses["39"]["prose"] < losses["10"]["prose"]  # the curve goes down as training goes on
+
+
+def test_task_results_and_the_end_of_run_table(run):
+    prefix, _, second = run
+    result = json.loads((step_dir(prefix, "tasks/final") / "results.json").read_text())
+    assert result["checkpoint_step"] == 39 and result["checkpoint"].endswith("checkpoints/step-39")
+    assert set(result["tasks"]) == {"sums", "stories_2shot"}
+    for entry in result["tasks"].values():
+        assert {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr"} <= set(entry["metrics"])
+        assert entry["examples"] == 48 and entry["chance"] == pytest.approx(0.25)
+    assert result["tasks"]["stories_2shot"]["num_fewshot"] == 2
+    assert "sums" in second.stdout and "stories_2shot" in second.stdout and "chance" in second.stdout
+
+
+def test_scores_match_log_likelihoods_computed_by_hand_from_the_model(run):
+    """The honesty check: each choice's log-likelihood from the model's logits, here."""
+    import haliax as hax
+    import jax
+    import jax.numpy as jnp
+    from levanter.layers.attention import AttentionMask
+    from levanter.trainer import TrainerConfig
+
+    from steps.checkpoints import load_model
+    from steps.mixture import load_data_config
+
+    prefix, _, _ = run
+    out = step_dir(prefix, "tasks/final")
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    result = json.loads((out / "results.json").read_text())
+    for task in ("sums", "stories_2shot"):
+        mine = [s for s in samples if s["task"] == task]
+        assert len(mine) == 48
+        picked = np.mean([float(np.argmax(s["loglikelihoods"]) == s["target"]) for s in mine])
+        assert picked == pytest.approx(result["tasks"][task]["metrics"]["acc"])
+
+    tokenizer = load_data_config(str(step_dir(prefix, "mixture/test"))).the_tokenizer
+    train = step_dir(prefix, "train/test")
+    trainer = TrainerConfig(require_accelerator=False)
+    with hax.partitioning.set_mesh(trainer.device_mesh), hax.axis_mapping(trainer.parameter_axis_mapping):
+        model = load_model(
+            str(train), str(train / "checkpoints" / "step-39"), len(tokenizer), trainer.parameter_axis_mapping
+        )
+
+        def loglikelihood(context: str, continuation: str) -> float:
+            full = tokenizer.encode(context + continuation, add_special_tokens=False)
+            start = len(tokenizer.encode(context, add_special_tokens=False))
+            if len(full) > MAX_LENGTH:  # the harness keeps the last max_length tokens
+                start -= len(full) - MAX_LENGTH
+                full = full[-MAX_LENGTH:]
+            ids = hax.named(jnp.array(full, dtype=jnp.int32), model.Pos.resize(len(full)))
+            logits = model(ids, attn_mask=AttentionMask.causal()).array.astype(jnp.float32)
+            logp = jax.nn.log_softmax(logits, axis=-1)
+            return float(sum(logp[i - 1, full[i]] for i in range(max(start, 1), len(full))))
+
+        checked = [s for s in samples if s["task"] == "sums"][:4] + [
+            s for s in samples if s["task"] != "sums"
+        ][:3]
+        for sample in checked:
+            by_hand = [loglikelihood(sample["context"], choice) for choice in sample["choices"]]
+            assert by_hand == pytest.approx(sample["loglikelihoods"], abs=2e-3), sample
+            assert float(np.argmax(by_hand) == sample["target"]) == sample["acc"]
