@@ -34,6 +34,7 @@ from steps.follow import (
     plain,
     training_of,
 )
+from steps.imports import LEVANTER, import_ml
 
 __all__ = ["EvaluateConfig", "evaluate", "evaluate_step"]
 
@@ -127,6 +128,7 @@ def _checkpoint(config: EvaluateConfig) -> tuple[str, int]:
 def evaluate(config: EvaluateConfig) -> dict[str, Any]:
     """Evaluate a checkpoint (or, following, each one) on every validation set; write results.json,
     loss.png (and, following, results/step-N.json and curves.png)."""
+    import_ml(*LEVANTER)
     os.environ.setdefault("MARIN_PREFIX", os.path.join(config.output, ".marin"))
     evaluator = _LossEvaluator(config)
     waiting = config.checkpoint_step is not None and (
@@ -142,6 +144,8 @@ def evaluate(config: EvaluateConfig) -> dict[str, Any]:
             final_step=final,
             checkpoint_interval=config.checkpoint_interval if config.follow else None,
             evaluate_one=evaluator.evaluate,
+            series=lambda r: {f"{name} loss": v["loss"] for name, v in r["validation_sets"].items()},
+            ylabel="eval loss (nats/token)",
             settings=config.follow_settings,
         )
         result = dict(done[final])

@@ -2,9 +2,13 @@
 
 Used by the `evaluate` and `task_eval` steps with `follow=True`. Each checkpoint's result is written
 to `<output>/results/step-N.json` as soon as it is computed, so a restarted follower skips the
-checkpoints it has done and evaluates only the rest. The follower ends once the training's final
-checkpoint is evaluated. While no new checkpoint is there it asks the engine for the training step's
-state (`pipeline.step_state`): a finished training without its final checkpoint, or one that stays
+checkpoints it has done and evaluates only the rest. After each checkpoint it rewrites
+`<output>/curve.json`, the curve so far (`{"ylabel", "steps", "series": {name: [value per step]}}`),
+which the dashboard draws on the step's page while the training goes on. The follower ends once
+the training's final checkpoint is evaluated.
+
+While no new checkpoint is there it asks the engine for the training step's state
+(`pipeline.step_state`): a finished training without its final checkpoint, or one that stays
 failed (past `failed_grace_seconds`, which covers the engine's retry) or never runs (past
 `patience_seconds`), ends the follower with an error naming the training; rerunning the follower
 resumes it.
@@ -15,7 +19,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +33,8 @@ __all__ = [
     "FollowSettings",
     "check_checkpoint_step",
     "check_follow",
+    "curve",
+    "curve_path",
     "follow_checkpoints",
     "plain",
     "read_step_results",
@@ -58,6 +64,27 @@ def step_result_path(output: str, step: int) -> str:
     return f"{output.rstrip('/')}/results/step-{step}.json"
 
 
+def curve_path(output: str) -> str:
+    """Where a follower keeps its curve so far."""
+    return f"{output.rstrip('/')}/curve.json"
+
+
+def curve(
+    done: Mapping[int, dict[str, Any]],
+    series: Callable[[dict[str, Any]], Mapping[str, float | None]],
+    ylabel: str,
+) -> dict[str, Any]:
+    """The curve of `done` results: one series per name `series` gives, one value per step."""
+    steps = sorted(done)
+    values = {s: series(done[s]) for s in steps}
+    names = list(dict.fromkeys(name for s in steps for name in values[s]))
+    return {
+        "ylabel": ylabel,
+        "steps": steps,
+        "series": {name: [values[s].get(name) for s in steps] for name in names},
+    }
+
+
 def read_step_results(output: str) -> dict[int, dict[str, Any]]:
     """The per-checkpoint results a follower has written under `output`, by step."""
     fs, plain = fsspec.core.url_to_fs(f"{output.rstrip('/')}/results")
@@ -80,13 +107,16 @@ def follow_checkpoints(
     final_step: int,
     checkpoint_interval: int | None,
     evaluate_one: Callable[[int, str], dict[str, Any]],
+    series: Callable[[dict[str, Any]], Mapping[str, float | None]] | None = None,
+    ylabel: str = "",
     settings: FollowSettings = FollowSettings(),
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> dict[int, dict[str, Any]]:
     """Evaluate every kept checkpoint of training output `train` with `evaluate_one(step, path)`,
     each once, writing each result to `step_result_path(output, step)`; return all results by
-    step once the checkpoint of `final_step` is done."""
+    step once the checkpoint of `final_step` is done. `series(result)` names the numbers of a result
+    that `curve.json` plots (`ylabel` says what they are)."""
     done = read_step_results(output)
     if done:
         logger.info("following %s: checkpoints %s already evaluated", train, sorted(done))
@@ -101,6 +131,8 @@ def follow_checkpoints(
             result = evaluate_one(step, new[step])
             write_json(step_result_path(output, step), result)
             done[step] = result
+            if series is not None:
+                write_json(curve_path(output), curve(done, series, ylabel))
         if new:
             waiting_since = None
             continue

@@ -28,6 +28,7 @@ import fsspec
 
 from pipeline import Resources, Step, output_of, step_function, this_output, versioned
 from steps.files import write_text
+from steps.imports import LEVANTER, import_ml
 
 __all__ = ["MixtureConfig", "MixtureError", "load_data_config", "mixture", "mixture_step", "plan_mixture"]
 
@@ -195,6 +196,7 @@ def plan_mixture(
 
 def mixture(config: MixtureConfig) -> None:
     """Read the components' stats, check the arithmetic, write `data_config.yaml` and `mixture.json`."""
+    import_ml(*LEVANTER)
     stats = {name: _read_stats(name, path) for name, path in config.components.items()}
     tokenizers = {s["tokenizer"] for s in stats.values()}
     if len(tokenizers) != 1:

@@ -47,6 +47,7 @@ from steps.follow import (
     plain,
     training_of,
 )
+from steps.imports import LEVANTER, import_ml
 
 __all__ = ["TaskEvalConfig", "task_eval", "task_eval_step"]
 
@@ -152,6 +153,7 @@ def task_eval_step(
 
 def task_eval(config: TaskEvalConfig) -> dict[str, Any]:
     """Evaluate the tasks on the checkpoint(s) of `config`; write results.json (and the rest)."""
+    import_ml(*LEVANTER, "lm_eval.evaluator", "lm_eval.tasks", "levanter.eval_harness")
     tasks = check_tasks(config.tasks, config.data_root, config.task_data)
     with _offline(config.datasets_cache), _local_task_files(tasks, config) as files:
         task_dict, chances = _build_tasks(tasks, files, config)
@@ -168,6 +170,8 @@ def task_eval(config: TaskEvalConfig) -> dict[str, Any]:
                 final_step=final,
                 checkpoint_interval=config.checkpoint_interval if config.follow else None,
                 evaluate_one=evaluator.evaluate,
+                series=_accuracies,
+                ylabel="accuracy",
                 settings=config.follow_settings,
             )
             result = dict(done[final])
@@ -177,7 +181,7 @@ def task_eval(config: TaskEvalConfig) -> dict[str, Any]:
         else:
             checkpoint, step = _checkpoint(config)
             result = evaluator.evaluate(step, checkpoint)
-    samples = result.pop("_samples", None)
+    samples = evaluator.samples
     write_json(os.path.join(config.output, "results.json"), result)
     if samples is not None:
         write_text(
@@ -348,9 +352,10 @@ class _Evaluator:
         self.tasks = tasks
         self.tokenizer = load_data_config(config.data).the_tokenizer
         self.trainer = TrainerConfig(require_accelerator=False, per_device_eval_parallelism=config.batch_size)
+        self.samples: list[dict[str, Any]] | None = None
 
     def evaluate(self, step: int, checkpoint: str) -> dict[str, Any]:
-        """Run every task on the checkpoint of `step`; the result (with `_samples` if logged)."""
+        """Run every task on the checkpoint of `step`; its result (samples, if logged, in `samples`)."""
         import haliax as hax
         from levanter.eval_harness import LmEvalHarnessConfig, _actually_run_eval_harness
         from levanter.utils.tree_utils import inference_mode
@@ -382,7 +387,7 @@ class _Evaluator:
         result = summarize(outputs, self.tasks, self.chances)
         result.update(checkpoint=checkpoint, checkpoint_step=step, seconds=time.time() - started)
         if config.log_samples:
-            result["_samples"] = list(_samples(outputs))
+            self.samples = list(_samples(outputs))  # of the last checkpoint evaluated: the final one
         return result
 
 

@@ -42,6 +42,7 @@ import fsspec
 from pipeline import Resources, Step, output_of, step_function, this_output, versioned
 from steps.checkpoints import latest_checkpoint
 from steps.files import exists
+from steps.imports import LEVANTER, import_ml
 from steps.levanter_config import hub_offline, levanter_train_config
 from steps.moe import MoeModelConfig, parameter_counts
 
@@ -234,6 +235,7 @@ def _latest_step(checkpoints: str) -> tuple[str | None, int | None]:
 
 def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
     """Train (or resume training) the model of `config` to `num_steps`."""
+    import_ml(*LEVANTER)
     _check(config)
     os.environ.setdefault("MARIN_PREFIX", os.path.join(config.output, ".marin"))
     import draccus

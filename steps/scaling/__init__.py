@@ -34,6 +34,7 @@ import numpy as np
 from pipeline import Resources, Step, StepDeclarationError, output_of, step_function, this_output, versioned
 from pipeline.step import Versioned
 from steps.files import exists, read_json, write_json
+from steps.imports import import_ml
 from steps.moe import MoeModelConfig, parameter_counts
 from steps.scaling.law import (
     LAW,
@@ -255,6 +256,7 @@ def _read_points(config: ScalingFitConfig) -> tuple[list[dict[str, Any]], dict[s
 
 def scaling_fit(config: ScalingFitConfig) -> dict[str, Any]:
     """Fit the law to the evaluated grid, predict the target, write fit.json and fit.png."""
+    import_ml("scipy.optimize", "matplotlib")
     rows, target, measured = _read_points(config)
     n = np.array([r["active_non_embedding_params"] for r in rows], dtype=float)
     d = np.array([r["tokens"] for r in rows], dtype=float)

@@ -34,6 +34,7 @@ from typing import Any
 from pipeline import Resources, Step, step_events, this_output, versioned
 from pipeline.run.parallel import parallel_map
 from steps.files import write_json
+from steps.imports import LEVANTER, import_ml
 from steps.tokenize.cache import read_marker, tokenize_shard, write_ledger
 from steps.tokenize.common import ShardStats, TokenizeError
 from steps.tokenize.readers import expand_inputs
@@ -110,6 +111,7 @@ def tokenize_step(
 
 def tokenize(config: TokenizeConfig) -> None:
     """Tokenize every split of `config` into a Levanter cache under `config.output`."""
+    import_ml(*LEVANTER)
     _check_config(config)
     # Workers (and Levanter, later) need a tokenizer path that does not depend on their cwd.
     config = dataclasses.replace(config, tokenizer=resolve_tokenizer(config.tokenizer, config.input_root))

@@ -83,6 +83,8 @@ def follow(training: Training, output: Path, calls: list[int], final: int = 39, 
         final_step=final,
         checkpoint_interval=10,
         evaluate_one=evaluate_one,
+        series=lambda r: {"step": float(r["checkpoint_step"])},
+        ylabel="the step",
         settings=SETTINGS,
         clock=training.clock,
         sleep=training.sleep,
@@ -96,6 +98,12 @@ def test_each_kept_checkpoint_once_then_it_ends(tmp_path):
     done = follow(training, tmp_path / "out", calls)
     assert calls == [10, 20, 30, 39] and sorted(done) == [10, 20, 30, 39]
     assert sorted(read_step_results(str(tmp_path / "out"))) == [10, 20, 30, 39]
+    curve = json.loads((tmp_path / "out" / "curve.json").read_text())
+    assert curve == {
+        "ylabel": "the step",
+        "steps": [10, 20, 30, 39],
+        "series": {"step": [10.0, 20.0, 30.0, 39.0]},
+    }
 
 
 def test_a_restarted_follower_resumes(tmp_path):

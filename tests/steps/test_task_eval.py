@@ -120,6 +120,8 @@ def test_followers_evaluate_every_kept_checkpoint_once_and_resume_after_a_kill(r
         result = json.loads((out / "results.json").read_text())
         assert result["checkpoint_step"] == 39 and sorted(map(int, result["curve"])) == KEPT
         assert (out / "curves.png").stat().st_size > 1000
+        curve = json.loads((out / "curve.json").read_text())  # what the dashboard draws
+        assert curve["steps"] == KEPT and all(len(v) == 4 for v in curve["series"].values())
     # Whatever was evaluated before the kill was not evaluated again.
     assert {p: p.stat().st_mtime_ns for p in before} == before
     losses = json.loads((step_dir(prefix, "evaluate/follow") / "results.json").read_text())["curve"]

@@ -10,6 +10,7 @@ about HTTP. Formats read:
     <prefix>/<label>/.logs/attempt-<token>*.log      the Ray backend's copy of a step's output
     <prefix>/<label>/metrics.jsonl                   train_moe's per-step metrics (steps.training_hooks)
     <prefix>/<label>/results.json                    evaluate's results (steps.evaluate)
+    <prefix>/<label>/curve.json                      an evaluation's curve by checkpoint (steps.follow)
     SUCCESS `metrics` in .status                     what `pipeline.observe.compare` compares
 
 The step library's formats are read by path and JSON only: `pipeline` never imports `steps`.
@@ -69,6 +70,7 @@ __all__ = [
 ]
 
 RESULTS_FILE = "results.json"
+CURVE_FILE = "curve.json"
 
 MAX_CHART_POINTS = 2000
 """Longer curves are thinned to about this many points: a browser draws them as fast, and a
@@ -318,8 +320,28 @@ def read_step(store: StepStore, prefix: str, label: str, now: float | None = Non
         problems=tuple(problems),
         stale=runner_gone(record, now, host_id()),
         progress=read_progress(storage, directory, record.events),
+        curve=read_curve(storage, directory) if CURVE_FILE in entries else None,
         report=report,
     )
+
+
+def read_curve(storage: Storage, directory: str) -> Mapping[str, Any] | None:
+    """A follower's `curve.json`: `{"ylabel", "steps": [...], "series": {name: [value per step]}}`,
+    non-finite values as gaps; None if it is missing or not in that form."""
+    data = storage.read(f"{directory}/{CURVE_FILE}")
+    try:
+        raw = json.loads(data) if data is not None else None
+        steps = [int(s) for s in raw["steps"]]
+        series = {
+            str(name): [_number(v) for v in values]
+            for name, values in raw["series"].items()
+            if isinstance(values, list) and len(values) == len(steps)
+        }
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    if not steps or not series:
+        return None
+    return {"ylabel": str(raw.get("ylabel") or ""), "steps": steps, "series": series}
 
 
 def read_log(storage: Storage, prefix: str, label: str, name: str) -> tuple[str, bool]:

@@ -140,6 +140,8 @@ class StepDetail:
     """RUNNING, but its runner is gone (see `runner_gone`)."""
     progress: Progress | None = None
     """The latest attempt's progress report."""
+    curve: Mapping[str, Any] | None = None
+    """A follower's curve so far (`curve.json`: `ylabel`, `steps`, `series` of values per step)."""
     report: str | Mapping[str, Any] | None = None
     """What the step's `report` hook said when it succeeded (recorded with its SUCCESS event):
     text, or a mapping of values and tables (lists of rows), rendered whatever the step kind."""

@@ -73,3 +73,24 @@ function drydockCompareChart(canvasId, dataId) {
     },
   });
 }
+
+// An evaluation's curve by checkpoint (a follower's curve.json): one line per series.
+function drydockCurveChart(canvasId, dataId) {
+  const curve = JSON.parse(document.getElementById(dataId).textContent);
+  const colors = ["#1565c0", "#c62828", "#2e7d32", "#6a1b9a", "#ef6c00", "#00838f", "#5d4037", "#ad1457"];
+  const datasets = Object.entries(curve.series).map(([name, values], i) => ({
+    label: name, data: curve.steps.map((x, j) => ({ x: x, y: values[j] })),
+    borderColor: colors[i % colors.length], backgroundColor: colors[i % colors.length],
+    borderWidth: 1.5, pointRadius: 3,
+  }));
+  return new Chart(document.getElementById(canvasId), {
+    type: "line",
+    data: { datasets: datasets },
+    options: {
+      animation: false, parsing: false, normalized: true, maintainAspectRatio: false,
+      interaction: { mode: "nearest", axis: "x", intersect: false },
+      scales: { x: { type: "linear", title: { display: true, text: "training step" } },
+                y: { type: "linear", title: { display: true, text: curve.ylabel } } },
+    },
+  });
+}

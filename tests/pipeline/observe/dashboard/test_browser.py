@@ -144,12 +144,25 @@ def compared(tmp_path_factory):
     for name, rates in (("lr_low", [1e-3]), ("lr_grid", [3e-3, 3e-2])):
         config = ExecutorMainConfig(prefix=prefix, backend="local", experiment=name)
         assert run_experiment(sweep(rates), config).ok
+    # A follower's curve so far, as steps.follow writes it, in one evaluation's directory.
+    import glob
+    import json
+
+    evaluation = sorted(glob.glob(os.path.join(prefix, "eval", "lr0-*")))[0]
+    curve = {
+        "ylabel": "eval loss",
+        "steps": [10, 20, 30],
+        "series": {"web loss": [3.0, 2.5, 2.2], "code loss": [3.3, 2.8, 2.4]},
+    }
+    with open(os.path.join(evaluation, "curve.json"), "w") as f:
+        json.dump(curve, f)
     server = start_dashboard(prefix)
-    yield server
+    yield server, os.path.relpath(evaluation, prefix)
     stop(server)
 
 
 def test_compare_page_in_a_browser(compared, page, tmp_path):
+    compared, curve_label = compared
     # Tick both runs on the experiment list, then compare them.
     page.goto(compared.url)
     boxes = page.locator('#experiments input[type="checkbox"]')
@@ -173,6 +186,14 @@ def test_compare_page_in_a_browser(compared, page, tmp_path):
     page.screenshot(path=str(tmp_path / "compare.png"), full_page=True)
     if UPDATE_DOCS:
         page.screenshot(path=os.path.join(DOCS_IMAGES, "dashboard-compare.png"), full_page=True)
+    # A step that follows a training shows its curve by checkpoint (curve.json), drawn by Chart.js.
+    page.locator("#comparison tr.row a", has_text="train/lr0").first.click()
+    page.wait_for_url("**/steps/train/lr0-*")
+    assert page.locator("#follow-curve").count() == 0
+    page.goto(compared.url + "steps/" + curve_label)
+    page.wait_for_function("() => window.Chart && Chart.getChart('curve-chart')")
+    labels = page.evaluate("() => Chart.getChart('curve-chart').data.datasets.map(d => d.label)")
+    assert sorted(labels) == ["code loss", "web loss"]
     # A run that is not there is a 404 page, not a traceback.
     page.goto(compared.url + "compare?run=nope")
     assert "no experiment 'nope'" in page.locator("#error").inner_text()

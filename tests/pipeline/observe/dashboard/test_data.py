@@ -126,6 +126,18 @@ def test_metrics_thinning_keeps_the_last_point_and_skips_torn_lines(tmp_path):
     assert all(v is None or math.isfinite(v) for v in metrics.loss)
 
 
+def test_a_followers_curve_is_read_and_a_malformed_one_ignored(tmp_path):
+    step_dir = tmp_path / "eval" / "follow-0123456789ab"
+    step_dir.mkdir(parents=True)
+    curve = {"ylabel": "accuracy", "steps": [10, 20], "series": {"stories": [0.3, float("nan")], "odd": [1]}}
+    (step_dir / "curve.json").write_text(json.dumps(curve))
+    detail = data.read_step(store_of(str(tmp_path)), str(tmp_path), "eval/follow-0123456789ab")
+    # A NaN is a gap; a series of the wrong length is dropped.
+    assert detail.curve == {"ylabel": "accuracy", "steps": [10, 20], "series": {"stories": [0.3, None]}}
+    (step_dir / "curve.json").write_text(json.dumps({"steps": "not a list"}))
+    assert data.read_step(store_of(str(tmp_path)), str(tmp_path), "eval/follow-0123456789ab").curve is None
+
+
 def test_foreign_results_file_is_a_problem_not_a_crash(tmp_path):
     step_dir = tmp_path / "eval" / "odd-0123456789ab"
     step_dir.mkdir(parents=True)
