@@ -56,9 +56,9 @@ def main() -> int:
     )
     started = time.perf_counter()
     with _offline(None), _local_task_files(check_tasks(DEMO_TASKS, ROOT, None), config) as files:
-        task_dict, chances = _build_tasks(DEMO_TASKS, files, config)
+        task_dict, chances, names = _build_tasks(DEMO_TASKS, files, config)
         built = time.perf_counter() - started
-        evaluator = _Evaluator(config, task_dict, chances, DEMO_TASKS)
+        evaluator = _Evaluator(config, task_dict, chances, DEMO_TASKS, names)
         timings = []
         for _ in range(1 + args.repeats):
             t = time.perf_counter()

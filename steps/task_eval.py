@@ -156,8 +156,8 @@ def task_eval(config: TaskEvalConfig) -> dict[str, Any]:
     import_ml(*LEVANTER, "lm_eval.evaluator", "lm_eval.tasks", "levanter.eval_harness")
     tasks = check_tasks(config.tasks, config.data_root, config.task_data)
     with _offline(config.datasets_cache), _local_task_files(tasks, config) as files:
-        task_dict, chances = _build_tasks(tasks, files, config)
-        evaluator = _Evaluator(config, task_dict, chances, tasks)
+        task_dict, chances, names = _build_tasks(tasks, files, config)
+        evaluator = _Evaluator(config, task_dict, chances, tasks, names)
         waiting = config.checkpoint_step is not None and (
             checkpoint_at(checkpoints_dir(config.train), config.checkpoint_step) is None
         )
@@ -286,12 +286,15 @@ def _local_copy(path: str, scratch: str, task: EvalTask, split: str) -> str:
 
 def _build_tasks(
     tasks: Sequence[EvalTask], files: dict[str, dict[str, str] | None], config: TaskEvalConfig
-) -> tuple[dict[str, Any], dict[str, float | None]]:
-    """lm-eval's task dict for `tasks`, and each leaf task's chance accuracy."""
+) -> tuple[dict[str, Any], dict[str, float | None], dict[str, str]]:
+    """lm-eval's task dict for `tasks`, each leaf task's chance accuracy, and the name lm-eval
+    reports each task under (by `EvalTask.key`)."""
     from lm_eval.tasks import TaskManager, get_task_dict
 
     manager = TaskManager()
     task_dict: dict[Any, Any] = {}
+    names: dict[str, str] = {}
+    seen: set[str] = set()
     for task in tasks:
         spec = lm_eval_spec(task, files[task.key])
         try:
@@ -303,13 +306,20 @@ def _build_tasks(
             raise ValueError(
                 f"task {task.name}: lm-eval could not load it from {where}: {type(e).__name__}: {e}"
             ) from e
-        if task.key != task.name:
-            for leaf in _leaves(built):
-                leaf.config.task = task.key  # a few-shot variant reported under its own name
-            built = {(task.key if k == task.name else k): v for k, v in built.items()}
+        plain = len(built) == 1 and not isinstance(next(iter(built.values())), dict)
+        if plain and task.key != task.name:
+            # A few-shot variant of a task is reported under its own name, so that one run can
+            # hold, say, hellaswag at 0 and at 10 shots. A group keeps its members' names.
+            (leaf,) = built.values()
+            leaf.config.task = task.key
+            built = {task.key: leaf}
+        names[task.key] = task.key if plain else task.name
+        if any(str(getattr(k, "group", k)) in seen for k in built):
+            raise ValueError(f"task {task.name}: its tasks are already in this step (a group listed twice?)")
+        seen.update(str(getattr(k, "group", k)) for k in built)
         task_dict.update(built)
     chances = {leaf.config.task: _chance(leaf, config.max_examples) for leaf in _leaves(task_dict)}
-    return task_dict, chances
+    return task_dict, chances, names
 
 
 def _leaves(task_dict: dict[Any, Any]) -> list[Any]:
@@ -340,6 +350,7 @@ class _Evaluator:
         task_dict: dict[str, Any],
         chances: dict[str, float | None],
         tasks: Sequence[EvalTask],
+        names: dict[str, str],
     ) -> None:
         from levanter.trainer import TrainerConfig
 
@@ -350,6 +361,7 @@ class _Evaluator:
         self.task_dict = task_dict
         self.chances = chances
         self.tasks = tasks
+        self.names = names
         self.tokenizer = load_data_config(config.data).the_tokenizer
         self.trainer = TrainerConfig(require_accelerator=False, per_device_eval_parallelism=config.batch_size)
         self.samples: list[dict[str, Any]] | None = None
@@ -384,7 +396,7 @@ class _Evaluator:
                 None,
             )
         assert outputs is not None  # a single process is process 0
-        result = summarize(outputs, self.tasks, self.chances)
+        result = summarize(outputs, self.tasks, self.chances, self.names)
         result.update(checkpoint=checkpoint, checkpoint_step=step, seconds=time.time() - started)
         if config.log_samples:
             self.samples = list(_samples(outputs))  # of the last checkpoint evaluated: the final one
@@ -400,7 +412,10 @@ def _fresh(task_dict: dict[Any, Any]) -> dict[Any, Any]:
 
 
 def summarize(
-    outputs: dict[str, Any], tasks: Sequence[EvalTask], chances: dict[str, float | None]
+    outputs: dict[str, Any],
+    tasks: Sequence[EvalTask],
+    chances: dict[str, float | None],
+    names: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """results.json's tasks from lm-eval's outputs: each requested task (a group's aggregate for a
     group) and, under `subtasks`, a group's members."""
@@ -424,8 +439,9 @@ def summarize(
 
     out: dict[str, Any] = {"tasks": {}}
     for task in tasks:
-        entry = one(task.key, task.num_fewshot)
-        members = group_subtasks.get(task.key) or []
+        reported = (names or {}).get(task.key, task.key)
+        entry = one(reported, task.num_fewshot)
+        members = group_subtasks.get(reported) or []
         if members:
             entry["subtasks"] = {m: one(m, task.num_fewshot) for m in members}
         out["tasks"][task.key] = entry

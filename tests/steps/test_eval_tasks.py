@@ -116,3 +116,28 @@ def test_an_inline_task_through_lm_eval(tmp_path):
 
     assert _chance(lm_task, None) == pytest.approx((3 * 0.5 + 3 / 3) / 6)
     assert _chance(lm_task, 2) == pytest.approx((0.5 + 1 / 3) / 2)
+
+
+def test_a_task_at_two_few_shot_counts_is_two_tasks(tmp_path):
+    import dataclasses
+
+    from steps.demo_tasks import demo_task
+    from steps.task_eval import TaskEvalConfig, _build_tasks, _local_task_files
+
+    tasks = check_tasks([demo_task("sums"), demo_task("sums", 2)], str(ROOT), None)
+    config = TaskEvalConfig(train="t", data="d", output=str(tmp_path), tasks=tasks, data_root=str(ROOT))
+    with _local_task_files(tasks, config) as files:
+        task_dict, chances, names = _build_tasks(tasks, files, config)
+    assert sorted(task_dict) == ["sums", "sums_2shot"] and names == {
+        "sums": "sums",
+        "sums_2shot": "sums_2shot",
+    }
+    assert task_dict["sums_2shot"].config.num_fewshot == 2 and task_dict["sums"].config.num_fewshot == 0
+    assert chances == {"sums": 0.25, "sums_2shot": 0.25}
+    # The same task twice under one key is refused before lm-eval sees it.
+    with pytest.raises(ValueError, match="listed twice"):
+        check_tasks(
+            [demo_task("sums"), dataclasses.replace(demo_task("sums"), doc_to_text="{{ query }}")],
+            str(ROOT),
+            None,
+        )
