@@ -97,7 +97,8 @@ def evaluate_step(
             seq_len=versioned(seq_len),
             batch_size=batch_size,
             max_batches=versioned(max_batches),
-            follow=versioned(follow),
+            # Versioned only when set: evaluations declared before `follow` existed keep their identity.
+            follow=versioned(True) if follow else False,
             final_step=plain(train_config.num_steps) - 1,
             checkpoint_interval=train_config.checkpoint_interval,
         ),
