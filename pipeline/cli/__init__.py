@@ -150,4 +150,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     # Imported on use: `dashboard` loads the web stack, `run` the engine; `--help` loads neither.
     function = getattr(importlib.import_module(command.module), command.function)
-    return int(function(args[1:]))
+    from pipeline.cli.common import quiet_broken_pipe
+
+    return quiet_broken_pipe(lambda: int(function(args[1:])))

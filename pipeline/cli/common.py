@@ -11,7 +11,25 @@ from typing import Any
 from pipeline.errors import DrydockError, StepDeclarationError
 from pipeline.storage.manifests import is_manifest
 
-__all__ = ["Parser", "guarded", "needs_target"]
+__all__ = ["BROKEN_PIPE", "Parser", "guarded", "needs_target", "quiet_broken_pipe"]
+
+BROKEN_PIPE = 141
+"""The exit code of a command whose stdout reader went away, as a shell reports one killed by SIGPIPE."""
+
+
+def quiet_broken_pipe(fn: Callable[[], int]) -> int:
+    """`fn()`, flushing stdout; if its reader has gone (`drydock plan FILE | head`), stop without a
+    traceback, as Unix tools do, and exit with BROKEN_PIPE."""
+    try:
+        code = fn()
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # Python would try to flush stdout again at exit and print a second error: point it at
+        # /dev/null first (the recipe of Python's signal documentation).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return BROKEN_PIPE
 
 
 class Parser(argparse.ArgumentParser):

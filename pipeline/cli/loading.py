@@ -81,6 +81,11 @@ def run_file(path: str, options: Sequence[str], handler: Handler) -> int:
         # same one line and exit code as a mistake executor_main finds.
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except (ImportError, SyntaxError) as e:
+        if calls:
+            raise  # raised by the run itself, not by loading the file
+        print(f"error: cannot load experiment file {path}: {_describe(e, path)}", file=sys.stderr)
+        return 2
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
     if not calls:
@@ -90,6 +95,23 @@ def run_file(path: str, options: Sequence[str], handler: Handler) -> int:
         )
         return 2
     return 0
+
+
+def _describe(error: ImportError | SyntaxError, path: str) -> str:
+    """One line for an experiment file that cannot be loaded: the error, and the line of the file
+    where it happened (the file's own line that imports the missing module)."""
+    if isinstance(error, SyntaxError):
+        where = f"{error.filename}:{error.lineno}" if error.filename else f"line {error.lineno}"
+        return f"SyntaxError: {error.msg} ({where})"
+    target = os.path.abspath(path)
+    line = None
+    frame = error.__traceback__
+    while frame is not None:
+        if os.path.abspath(frame.tb_frame.f_code.co_filename) == target:
+            line = frame.tb_lineno
+        frame = frame.tb_next
+    where = f" ({path}:{line})" if line is not None else ""
+    return f"{type(error).__name__}: {error}{where}"
 
 
 @dataclass

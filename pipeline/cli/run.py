@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from pipeline.cli.common import quiet_broken_pipe
 from pipeline.cli.loading import ExperimentCall, current_handler, run_file
 from pipeline.core.plan import Plan, State
 from pipeline.core.report import RunReport
@@ -62,7 +63,8 @@ def executor_main(
             level=config.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
         )
         with _sigterm_as_interrupt():
-            code = handler(ExperimentCall(list(steps), description, config, source_file))
+            call = ExperimentCall(list(steps), description, config, source_file)
+            code = quiet_broken_pipe(lambda: handler(call))
     except DrydockError as e:
         print(f"error: {e}", file=sys.stderr)
         code = 2

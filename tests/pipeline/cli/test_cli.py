@@ -363,3 +363,53 @@ def test_engine_imports_no_ml_library(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env(), cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "heavy modules: none"
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        (
+            "import nosuchmodule_for_drydock\n",
+            "ModuleNotFoundError: No module named 'nosuchmodule_for_drydock' (FILE:1)",
+        ),
+        (
+            "x = 1\nfrom pipeline import nonexistent_name\n",
+            "ImportError: cannot import name 'nonexistent_name'",
+        ),
+        ("def broken(:\n    pass\n", "SyntaxError: invalid syntax"),
+    ],
+)
+def test_an_experiment_file_that_cannot_load_is_one_line_and_exit_2(tmp_path, source, message):
+    path = tmp_path / "exp.py"
+    path.write_text(source)
+    result = drydock("run", str(path), "--prefix", str(tmp_path / "prefix"))
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: cannot load experiment file {path}: "), lines
+    assert message.replace("FILE", str(path)) in lines[0]
+    assert not (tmp_path / "prefix").exists()
+
+
+def test_a_closed_stdout_pipe_ends_quietly(tmp_path):
+    """`drydock plan FILE | head -1`: the reader goes away; no BrokenPipeError traceback."""
+    for command in (
+        [*DRYDOCK, "plan", "experiments/moe_535b_a23b.py", "--prefix", str(tmp_path), "--json"],
+        [
+            sys.executable,
+            "experiments/moe_535b_a23b.py",
+            "--prefix",
+            str(tmp_path),
+            "--dry_run",
+            "true",
+            "--json",
+        ],
+    ):
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(), cwd=ROOT
+        )
+        assert process.stdout is not None and process.stderr is not None
+        # Read nothing and close: the plan (about 60 KB of JSON with --json) then fills the pipe.
+        process.stdout.close()
+        err = process.stderr.read().decode()
+        assert process.wait(60) == 141, err
+        assert "Traceback" not in err and "BrokenPipe" not in err, err
