@@ -74,7 +74,7 @@ def _manifest_source(target: str, options: Sequence[str]) -> _Source:
     entries = entries_from_manifest(manifest)
     if known.prefix and manifest.get("prefix"):
         # The same run read under another prefix (a copied bucket): same labels, new root.
-        entries = [StepEntry(e.label, e.name, f"{prefix}/{e.label}", e.deps) for e in entries]
+        entries = [StepEntry(e.label, e.name, f"{prefix}/{e.label}", e.deps, e.soft_deps) for e in entries]
     title = f"{manifest.get('experiment', 'experiment')} under {prefix}"
     recorded = {
         str(step["label"]): {k: step[k] for k in ("hash", "state", "reason", "planned") if k in step}
@@ -174,7 +174,9 @@ def _dag(target: str, argv: Sequence[str]) -> int:
 
     def draw(source: _Source) -> int:
         nodes = [
-            dag_render.DagNode(r.entry.label, r.entry.name, r.state, r.entry.deps, r.entry.output_path)
+            dag_render.DagNode(
+                r.entry.label, r.entry.name, r.state, r.entry.deps, r.entry.output_path, r.entry.soft_deps
+            )
             for r in _read(source)
         ]
         if known.format == "html":

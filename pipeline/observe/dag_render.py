@@ -39,6 +39,17 @@ class DagNode:
     deps: tuple[str, ...] = ()
     detail: str = ""
     """Shown on hover in SVG/HTML (e.g. the output path or the plan's reason)."""
+    soft_deps: tuple[str, ...] = ()
+    """Upstreams read with `output_of(..., blocking=False)`: in identity, not waited for (drawn dashed)."""
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """Every upstream, blocking first: what the layout follows."""
+        return (*self.deps, *(d for d in self.soft_deps if d not in self.deps))
+
+    def edges(self) -> list[tuple[str, bool]]:
+        """(upstream, dashed) for each edge into this node."""
+        return [(d, False) for d in self.deps] + [(d, True) for d in self.soft_deps if d not in self.deps]
 
 
 # (fill, border) per state. Plan states and `.status` events share colours where they mean the same.
@@ -73,7 +84,7 @@ def _check(nodes: Sequence[DagNode]) -> dict[str, DagNode]:
             raise ValueError(f"two nodes share the label {node.label!r}")
         by_label[node.label] = node
     for node in nodes:
-        for dep in node.deps:
+        for dep in node.inputs:
             if dep not in by_label:
                 raise ValueError(f"node {node.label!r} depends on {dep!r}, which is not in the node list")
     return by_label
@@ -95,7 +106,10 @@ def to_mermaid(nodes: Sequence[DagNode]) -> str:
         text = f"{node.name}<br/>{node.state}".replace('"', "#quot;")
         lines.append(f'    {ids[node.label]}["{text}"]')
     for node in nodes:
-        lines.extend(f"    {ids[dep]} --> {ids[node.label]}" for dep in node.deps)
+        # A non-blocking input (`blocking=False`) is a dotted arrow.
+        lines.extend(
+            f"    {ids[dep]} {'-.->' if soft else '-->'} {ids[node.label]}" for dep, soft in node.edges()
+        )
     for state in dict.fromkeys(n.state for n in nodes):
         fill, stroke = state_color(state)
         lines.append(f"    classDef {_class_name(state)} fill:{fill},stroke:{stroke},color:#000")
@@ -129,7 +143,10 @@ def to_dot(nodes: Sequence[DagNode]) -> str:
         body = ", ".join(f"{k}={_dot_quote(v)}" for k, v in attrs.items())
         lines.append(f"  {_dot_quote(node.label)} [{body}];")
     for node in nodes:
-        lines.extend(f"  {_dot_quote(dep)} -> {_dot_quote(node.label)};" for dep in node.deps)
+        lines.extend(
+            f"  {_dot_quote(dep)} -> {_dot_quote(node.label)}{' [style=dashed]' if soft else ''};"
+            for dep, soft in node.edges()
+        )
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -157,13 +174,13 @@ def layout(nodes: Sequence[DagNode]) -> dict[str, tuple[int, int]]:
             if current in depth:
                 stack.pop()
                 continue
-            pending = [d for d in by_label[current].deps if d not in depth]
+            pending = [d for d in by_label[current].inputs if d not in depth]
             if pending:
                 if any(p in stack for p in pending):
                     raise ValueError(f"the nodes form a cycle through {current!r}")
                 stack.extend(pending)
                 continue
-            depth[current] = 1 + max((depth[d] for d in by_label[current].deps), default=-1)
+            depth[current] = 1 + max((depth[d] for d in by_label[current].inputs), default=-1)
             stack.pop()
     columns: dict[int, list[str]] = {}
     for label in by_label:
@@ -173,7 +190,7 @@ def layout(nodes: Sequence[DagNode]) -> dict[str, tuple[int, int]]:
         # Barycentre of the upstream rows keeps a node near what feeds it; ties keep input order.
         def key(item: tuple[int, str]) -> tuple[float, int]:
             index, label = item
-            rows = [position[d][1] for d in by_label[label].deps]
+            rows = [position[d][1] for d in by_label[label].inputs]
             return (sum(rows) / len(rows) if rows else float(index), index)
 
         ordered = sorted(enumerate(columns[col]), key=key)
@@ -209,7 +226,7 @@ def to_svg(nodes: Sequence[DagNode]) -> str:
     ]
     for node in nodes:
         x2, y2 = _xy(*position[node.label])
-        for dep in node.deps:
+        for dep, soft in node.edges():
             x1, y1 = _xy(*position[dep])
             sx, sy, ex, ey = x1 + NODE_W, y1 + NODE_H // 2, x2, y2 + NODE_H // 2
             if position[node.label][0] - position[dep][0] == 1:
@@ -224,8 +241,11 @@ def to_svg(nodes: Sequence[DagNode]) -> str:
                     f"M {sx} {sy} C {sx + h} {sy}, {sx + h} {lane}, {sx + COL_GAP} {lane} "
                     f"L {ex - COL_GAP} {lane} C {ex - h} {lane}, {ex - h} {ey}, {ex} {ey}"
                 )
+            dash = ' stroke-dasharray="5 4" class="soft"' if soft else ""
+            kind = " (non-blocking)" if soft else ""
             out.append(
-                f'<path d="{d}" marker-end="url(#arrow)"><title>{esc(dep)} → {esc(node.label)}</title></path>'
+                f'<path d="{d}"{dash} marker-end="url(#arrow)">'
+                f"<title>{esc(dep)} → {esc(node.label)}{kind}</title></path>"
             )
     out.append("</g>")
     out.append('<g class="nodes">')

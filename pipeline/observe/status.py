@@ -55,6 +55,8 @@ class StepEntry:
     name: str
     output_path: str
     deps: tuple[str, ...] = ()
+    soft_deps: tuple[str, ...] = ()
+    """Upstreams it reads without waiting for them (`output_of(..., blocking=False)`)."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,10 @@ class StepStatus:
 
 def entries_from_dag(dag: Dag) -> list[StepEntry]:
     """Every step of `dag`, in topological order."""
-    return [StepEntry(label, node.name, node.output_path, node.deps) for label, node in dag.nodes.items()]
+    return [
+        StepEntry(label, node.name, node.output_path, node.deps, node.soft_deps)
+        for label, node in dag.nodes.items()
+    ]
 
 
 def entries_from_manifest(manifest: Mapping[str, Any]) -> list[StepEntry]:
@@ -104,6 +109,7 @@ def entries_from_manifest(manifest: Mapping[str, Any]) -> list[StepEntry]:
                 name=str(step.get("name") or step["label"].rsplit("-", 1)[0]),
                 output_path=str(step["output_path"]),
                 deps=tuple(step.get("deps", ())),
+                soft_deps=tuple(step.get("soft_deps", ())),
             )
         )
     return out

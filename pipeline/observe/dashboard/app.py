@@ -138,8 +138,9 @@ def _dag_svg(detail: data.ExperimentDetail) -> str | None:
             row.label,
             row.name,
             row.state,
-            tuple(d for d in (*row.deps, *row.soft_deps) if d in present),
+            tuple(d for d in row.deps if d in present),
             row.fn,
+            soft_deps=tuple(d for d in row.soft_deps if d in present),
         )
         for row in detail.steps
     ]

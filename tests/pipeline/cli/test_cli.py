@@ -413,3 +413,26 @@ def test_a_closed_stdout_pipe_ends_quietly(tmp_path):
         err = process.stderr.read().decode()
         assert process.wait(60) == 141, err
         assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_drydock_dag_draws_a_non_blocking_input_dashed(tmp_path):
+    path = tmp_path / "follow.py"
+    path.write_text(
+        textwrap.dedent(
+            """
+            from pipeline import Step, executor_main, output_of, this_output
+            from tests.pipeline.stepfns import WriteConfig, write_value
+
+            train = Step("train", write_value, WriteConfig(this_output()))
+            follows = [output_of(train, blocking=False)]
+            follower = Step("eval", write_value, WriteConfig(this_output(), inputs=follows))
+            if __name__ == "__main__":
+                executor_main([follower])
+            """
+        )
+    )
+    mermaid = drydock("dag", str(path), "--prefix", str(tmp_path / "p"))
+    assert mermaid.returncode == 0, mermaid.stderr
+    assert " -.-> " in mermaid.stdout and " --> " not in mermaid.stdout
+    dot = drydock("dag", str(path), "--prefix", str(tmp_path / "p"), "--format", "dot")
+    assert "[style=dashed]" in dot.stdout

@@ -110,3 +110,31 @@ def test_bad_node_lists_are_refused():
         to_dot([DagNode("a-1", "a", "SUCCESS"), DagNode("a-1", "a", "FAILED")])
     with pytest.raises(ValueError, match="cycle"):
         layout([DagNode("a", "a", "RUN", ("b",)), DagNode("b", "b", "RUN", ("a",))])
+
+
+# A training and an evaluation that follows it (`output_of(train, blocking=False)`).
+FOLLOW = [
+    DagNode("data-000000000001", "data", "SUCCESS"),
+    DagNode("train-000000000002", "train", "RUNNING", ("data-000000000001",)),
+    DagNode(
+        "eval-000000000003", "eval", "RUNNING", ("data-000000000001",), soft_deps=("train-000000000002",)
+    ),
+]
+
+
+def test_a_non_blocking_edge_is_drawn_dashed_in_every_format():
+    mermaid = to_mermaid(FOLLOW)
+    assert "    n1 -.-> n2" in mermaid.splitlines() and "    n0 --> n2" in mermaid.splitlines()
+    (graph,) = pydot.graph_from_dot_data(to_dot(FOLLOW))
+    styles = {
+        (e.get_source().strip('"'), e.get_destination().strip('"')): e.get("style") for e in graph.get_edges()
+    }
+    assert styles[("train-000000000002", "eval-000000000003")] == "dashed"
+    assert styles[("data-000000000001", "eval-000000000003")] is None
+    paths = ET.fromstring(to_svg(FOLLOW)).findall(f".//{SVG}path")
+    dashed = [p for p in paths if p.get("stroke-dasharray")]
+    assert len(dashed) == 1 and "non-blocking" in dashed[0].find(f"{SVG}title").text
+    assert 'stroke-dasharray="5 4"' in to_html(FOLLOW)
+    # The follower sits right of what it follows.
+    position = layout(FOLLOW)
+    assert position["eval-000000000003"][0] > position["train-000000000002"][0]
