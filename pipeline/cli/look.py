@@ -14,6 +14,7 @@ rebuilt into steps (`pipeline.run.recipe`) for `explain`. Each command returns a
 from __future__ import annotations
 
 import contextlib
+import difflib
 import json
 import sys
 import time
@@ -215,7 +216,11 @@ def _explain(target: str, argv: Sequence[str]) -> int:
         dag, store, _plan = prepare(loaded.steps, loaded.config, strict=False)
         matches = [label for label, node in dag.nodes.items() if wanted in (label, node.name)]
         if not matches:
-            close = sorted(node.name for node in dag.nodes.values() if wanted in node.name)[:5]
+            names = sorted({node.name for node in dag.nodes.values()})
+            # Names containing what was typed, then names close to it (a typo: `trian/x`).
+            close = [n for n in names if wanted in n][:5] or difflib.get_close_matches(
+                wanted, names, n=3, cutoff=0.6
+            )
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             raise StepDeclarationError(None, f"no step named {wanted!r} in {target}{hint}", field="STEP")
         print(format_explanation(explain_step(dag, matches[0], store), dag, now=time.time()), end="")

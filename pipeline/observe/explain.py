@@ -332,9 +332,10 @@ def format_explanation(exp: Explanation, dag: Dag, *, now: float) -> str:
         f"    version  {p.get('version')!r}",
     ]
     versioned = p.get("versioned", {})
-    lines.append(f"    versioned fields ({len(versioned)}):" if versioned else "    versioned fields: none")
-    for path, value in sorted(versioned.items()):
-        lines.extend(f"      {leaf} = {_short(v, 80)}" for leaf, v in _leaves(path, value))
+    leaves = [(leaf, v) for path, value in sorted(versioned.items()) for leaf, v in _leaves(path, value)]
+    # The count is of the lines that follow: a versioned dataclass is listed field by field.
+    lines.append(f"    versioned fields ({len(leaves)}):" if leaves else "    versioned fields: none")
+    lines.extend(f"      {leaf} = {_short(v, 80)}" for leaf, v in leaves)
     inputs = p.get("inputs", {})
     lines.append(f"    inputs ({len(inputs)}):" if inputs else "    inputs: none")
     for path, (up_hash, sub) in sorted(inputs.items()):

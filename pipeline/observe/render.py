@@ -41,7 +41,8 @@ def plan_table(plan: Plan, title: str = "Plan", explanations: Mapping[str, str] 
     reason of a step that will run under a new identity, what differs from its closest other run.
     """
     counts = ", ".join(f"{n} {s.lower()}" for s, n in plan.counts().items())
-    table = Table(title=f"{title} — {len(plan.steps)} steps ({counts})", title_justify="left")
+    noun = "step" if len(plan.steps) == 1 else "steps"
+    table = Table(title=f"{title} — {len(plan.steps)} {noun} ({counts})", title_justify="left")
     table.add_column("state", no_wrap=True)
     table.add_column("step", no_wrap=True)
     table.add_column("why")

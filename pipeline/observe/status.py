@@ -273,7 +273,8 @@ def status_table(rows: Sequence[StepStatus], *, now: float, title: str = "Status
     """One row per step: state, attempt, duration, last event and its age, progress, output."""
     counts = Counter(row.state for row in rows)
     summary = ", ".join(f"{n} {s.lower()}" for s, n in counts.items())
-    table = Table(title=f"{title} — {len(rows)} steps ({summary})", title_justify="left")
+    noun = "step" if len(rows) == 1 else "steps"
+    table = Table(title=f"{title} — {len(rows)} {noun} ({summary})", title_justify="left")
     table.add_column("step", no_wrap=True)
     table.add_column("state", no_wrap=True)
     table.add_column("attempt", justify="right")

@@ -10,6 +10,7 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from pipeline.errors import StepDeclarationError
 from pipeline.run.backends import REGISTRY
@@ -135,12 +136,28 @@ def normalize_argv(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def _help_formatter() -> type:
+    """draccus's help formatter, without its "(default: None)" after a help text that already says
+    what the default is (`--prefix`: "Default: $DRYDOCK_PREFIX, else ./drydock-runs")."""
+    from draccus.help_formatter import SimpleHelpFormatter
+
+    class HelpFormatter(SimpleHelpFormatter):
+        def _get_help_string(self, action: Any) -> str:
+            text = action.help or ""
+            if action.default is None or "default" in text.lower():
+                return text
+            return str(super()._get_help_string(action))
+
+    return HelpFormatter
+
+
 def parse_options(argv: Sequence[str]) -> ExecutorMainConfig:
     """Parse executor options; an unknown or malformed flag is a `StepDeclarationError`."""
-    import draccus
+    from draccus.argparsing import ArgumentParser
 
     try:
-        return draccus.parse(ExecutorMainConfig, args=normalize_argv(argv), exit_on_error=False)
+        parser = ArgumentParser(ExecutorMainConfig, formatter_class=_help_formatter(), exit_on_error=False)
+        return parser.parse_args(normalize_argv(argv))
     except Exception as e:  # draccus raises its own exception types for parse errors
         # draccus spreads some messages over several lines; the CLI promises one.
         detail = " ".join(str(e).split())

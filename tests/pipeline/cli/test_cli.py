@@ -436,3 +436,40 @@ def test_drydock_dag_draws_a_non_blocking_input_dashed(tmp_path):
     assert " -.-> " in mermaid.stdout and " --> " not in mermaid.stdout
     dot = drydock("dag", str(path), "--prefix", str(tmp_path / "p"), "--format", "dot")
     assert "[style=dashed]" in dot.stdout
+
+
+def test_small_wording(tmp_path):
+    """One step is `1 step`; `explain` counts the fields it lists; `--help` says each default once."""
+    path = tmp_path / "one.py"
+    path.write_text(
+        textwrap.dedent(
+            """
+            from pipeline import Step, executor_main, this_output, versioned
+            from tests.pipeline.stepfns import WriteConfig, write_value
+
+            one = Step("one", write_value, WriteConfig(this_output(), versioned(3)))
+            if __name__ == "__main__":
+                executor_main([one])
+            """
+        )
+    )
+    plan = drydock("plan", str(path), "--prefix", str(tmp_path / "p"))
+    assert "— 1 step (" in plan.stdout, plan.stdout
+    explained = subprocess.run(
+        [*DRYDOCK, "explain", str(path), "one", "--prefix", str(tmp_path / "p")],
+        capture_output=True,
+        text=True,
+        env=env(),
+        cwd=ROOT,
+        timeout=60,
+    ).stdout.splitlines()
+    (header,) = [line for line in explained if "versioned fields (" in line]
+    count = int(header.split("(")[1].split(")")[0])
+    start = explained.index(header)
+    listed = [line for line in explained[start + 1 :] if line.startswith("      ")]
+    assert count == len(listed) >= 1
+    helped = subprocess.run(
+        [sys.executable, str(path), "--help"], capture_output=True, text=True, env=env(), cwd=ROOT, timeout=60
+    )
+    assert helped.returncode == 0 and "(default: None)" not in helped.stdout
+    assert "(default: 90.0)" in " ".join(helped.stdout.split())  # a default the text does not say

@@ -199,6 +199,8 @@ def test_plan_and_explain_say_what_changed(tmp_path):
     assert result.stdout.count("value 1→2") == 2  # through train/b, and directly
     missing = drydock("explain", str(changed), "eval/x", "--prefix", str(prefix))
     assert missing.returncode == 2 and "no step named 'eval/x'" in missing.stderr
+    typo = drydock("explain", str(changed), "trian/b", "--prefix", str(prefix))
+    assert typo.returncode == 2 and "did you mean train/b?" in typo.stderr
 
 
 def test_gc_and_pin(tmp_path):
