@@ -127,7 +127,11 @@ def make_plan(
     `force` are regexes on step names. A step whose `.status` is corrupt is an error unless it is
     forced (or `strict` is off, for status displays).
     """
-    forced = labels_matching(dag, force)
+    matched = labels_matching(dag, force)
+    # A forced step's dependents are redone too (a retrained model is evaluated again): its
+    # identity does not change, so without this they would stay cached on the old output.
+    every_input = {label: (*node.deps, *node.soft_deps) for label, node in dag.nodes.items()}
+    forced = matched | graph.descendants(every_input, matched)
     steps: dict[str, StepPlan] = {}
     for label, node in dag.nodes.items():
         record = snapshot.get(node.output_path) or StepRecord()
@@ -140,7 +144,8 @@ def make_plan(
             "record": record,
         }
         if label in forced:
-            reason = "forced by --force" + ("; its corrupt .status is set aside" if record.corrupt else "")
+            reason = "forced by --force" if label in matched else "forced: downstream of a --force step"
+            reason += "; its corrupt .status is set aside" if record.corrupt else ""
             steps[label] = StepPlan(state=State.RUN, reason=reason, forced=True, **common)
         elif record.corrupt:
             if strict:

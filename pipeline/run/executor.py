@@ -294,6 +294,14 @@ class _Execution:
         self.heartbeat.add(step_dir, label, token, since=asked)
         started = self.clock()
         try:
+            if label in self.rerun_after and attempt == 1:
+                # --force redoes the step from nothing: a training must not "resume" from the
+                # final checkpoint it left. Retries within this run keep what this run wrote.
+                removed = self.store.clear_payload(step_dir)
+                if removed:
+                    logger.info(
+                        "%s: --force removed its previous output (%s)", label, ", ".join(sorted(removed))
+                    )
             return self._run_and_commit(label, attempt, token, started)
         # SystemExit: a step calling sys.exit() has failed; it must not stop the executor.
         except (Exception, SystemExit, StepCancelled) as e:

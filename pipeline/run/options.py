@@ -66,7 +66,7 @@ class ExecutorMainConfig:
     only: str | None = None
     """Regex on step names: run only matching steps and what they need."""
     force: str | None = None
-    """Regex on step names: rerun matching steps even if they are cached."""
+    """Regex on step names: redo matching steps (from an emptied output) and everything downstream."""
     max_concurrent: int | None = None
     """Most steps running at once (default: the backend's choice)."""
     lease_timeout: float = 90.0

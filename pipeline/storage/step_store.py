@@ -152,6 +152,14 @@ class StepStore:
             return None
         return report
 
+    def clear_payload(self, step_dir: str) -> list[str]:
+        """Delete the step's own output (not Drydock's files): a forced rerun starts from nothing.
+        Call only while holding the step's lease. Returns the names deleted."""
+        names = [name for name in self.storage.listdir(step_dir) if is_payload(name)]
+        for name in names:
+            self.storage.delete(f"{step_dir}/{name}", recursive=True)
+        return names
+
     def has_payload(self, step_dir: str) -> bool:
         """Whether the step wrote anything besides Drydock's own metadata."""
         return any(is_payload(name) for name in self.storage.listdir(step_dir))

@@ -138,3 +138,29 @@ def test_killed_after_a_checkpoint_the_rerun_resumes_and_ends_at_the_same_step(t
     assert outcome["final_step"] == 59
     steps_logged = [r["step"] for r in read_metrics(str(train / "metrics.jsonl")) if "loss" in r]
     assert steps_logged == list(range(2, 60))  # every step once: nothing lost, nothing twice
+
+
+def test_force_retrains_from_step_zero_and_evaluates_again(tmp_path):
+    """`drydock run FILE --force 'train/'` as docs/recipes.md shows it: the training is redone from
+    nothing (not "resumed" from its final checkpoint) and so is the evaluation reading it."""
+    exp = experiment(tmp_path, dict(QWEN), dict(name="adamw", learning_rate=3e-3), steps=20)
+    prefix = tmp_path / "prefix"
+    train_and_evaluate(exp, prefix)
+    train, evaluation = step_dir(prefix, "train/test"), step_dir(prefix, "evaluate/test")
+    first = json.loads((train / "train_result.json").read_text())
+    forced = subprocess.run(
+        [*command(exp, prefix), "--force", "^train/"],
+        env=env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert forced.returncode == 0, forced.stderr[-3000:]
+    again = json.loads((train / "train_result.json").read_text())
+    assert again["resumed_from_step"] is None and again["final_step"] == 19
+    assert again["wall_seconds"] != first["wall_seconds"]
+    steps_logged = [r["step"] for r in read_metrics(str(train / "metrics.jsonl")) if "loss" in r]
+    assert steps_logged == list(range(2, 20))  # one fresh run's lines, not two runs' appended
+    successes = [line for line in (evaluation / ".status").read_text().splitlines() if '"SUCCESS"' in line]
+    assert len(successes) == 2

@@ -148,12 +148,21 @@ def test_only_runs_selected_steps_and_their_dependencies(tmp_path):
     assert calls(counter, "c") == 0
 
 
-def test_force_reruns_a_cached_step_only(tmp_path):
+def test_force_redoes_a_cached_step_from_nothing_and_everything_downstream(tmp_path):
     counter, prefix = str(tmp_path / "calls"), tmp_path / "prefix"
     run(chain(counter), prefix)
-    report = run(chain(counter), prefix, force="^data/a$")
-    assert states(report) == {"data/a": State.SUCCEEDED, "data/b": State.CACHED, "train/c": State.CACHED}
-    assert [calls(counter, n) for n in "abc"] == [2, 1, 1]
+    (b_dir,) = prefix.glob("data/b-*")
+    (b_dir / "left-by-the-last-run.txt").write_text("a checkpoint the forced rerun must not resume from")
+    report = run(chain(counter), prefix, force="^data/b$")
+    # b is redone, and c, which reads it; a, upstream, stays cached.
+    assert states(report) == {"data/a": State.CACHED, "data/b": State.SUCCEEDED, "train/c": State.SUCCEEDED}
+    assert [calls(counter, n) for n in "abc"] == [1, 2, 2]
+    assert report.plan.steps[next(k for k in report.plan.steps if k.startswith("train/c"))].reason == (
+        "forced: downstream of a --force step"
+    )
+    # The forced step started from an empty output directory (Drydock's own files kept).
+    assert not (b_dir / "left-by-the-last-run.txt").exists()
+    assert (b_dir / ".status").exists() and (b_dir / ".step.json").exists()
 
 
 def test_only_matching_nothing_is_an_error(tmp_path):
