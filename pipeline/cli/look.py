@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import json
+import os
 import sys
 import time
 from collections import Counter
@@ -40,8 +41,16 @@ from pipeline.observe.status import (
     watch,
 )
 from pipeline.run.experiment import prepare
-from pipeline.storage.files import normalize_prefix, open_storage
-from pipeline.storage.manifests import is_manifest, load_manifest
+from pipeline.run.options import resolve_prefix
+from pipeline.storage.files import is_local, normalize_prefix, open_storage
+from pipeline.storage.manifests import (
+    experiment_name,
+    is_manifest,
+    list_manifests,
+    load_manifest,
+    manifest_dir,
+    manifest_path,
+)
 from pipeline.storage.step_store import StepStore
 
 __all__ = ["dag_command", "explain_command", "status_command"]
@@ -61,6 +70,18 @@ class _Source:
     planned: dict[str, dict[str, Any]]
     """Label -> plan fields for JSON (`state`, `reason`, ...): the plan's for a FILE, the ones the
     run recorded for a MANIFEST."""
+    manifest: str | None = None
+    """The run manifest of these steps (a FILE's is where its run will write it)."""
+
+    def run_going(self) -> bool:
+        """Whether the manifest is there and says its run has not finished."""
+        if self.manifest is None:
+            return False
+        data = self.store.storage.read(self.manifest)
+        try:
+            return data is not None and not json.loads(data).get("finished")
+        except (ValueError, AttributeError):
+            return False
 
 
 def _manifest_source(target: str, options: Sequence[str]) -> _Source:
@@ -81,20 +102,21 @@ def _manifest_source(target: str, options: Sequence[str]) -> _Source:
         str(step["label"]): {k: step[k] for k in ("hash", "state", "reason", "planned") if k in step}
         for step in manifest.get("steps", [])
     }
-    return _Source(entries, StepStore(open_storage(prefix)), prefix, title, recorded)
+    return _Source(entries, StepStore(open_storage(prefix)), prefix, title, recorded, target)
 
 
-def _dag_source(loaded: Loaded) -> _Source:
+def _dag_source(loaded: Loaded, target: str) -> _Source:
     dag, store, plan = prepare(loaded.steps, loaded.config, strict=False)
     planned = {label: sp.to_json() for label, sp in plan.steps.items()}
-    return _Source(entries_from_dag(dag), store, dag.prefix, f"Status under {dag.prefix}", planned)
+    manifest = manifest_path(dag.prefix, dag.nodes, experiment_name(loaded.config.experiment, target))
+    return _Source(entries_from_dag(dag), store, dag.prefix, f"Status under {dag.prefix}", planned, manifest)
 
 
 def _with_source(target: str, options: Sequence[str], body: Callable[[_Source], int]) -> int:
     """Call `body` with the steps to show: from a MANIFEST directly, or from a FILE's DAG."""
     if is_manifest(target):
         return body(_manifest_source(target, options))
-    return load(target, options, lambda loaded: body(_dag_source(loaded)))
+    return load(target, options, lambda loaded: body(_dag_source(loaded, target)))
 
 
 def _read(source: _Source) -> list[StepStatus]:
@@ -102,8 +124,40 @@ def _read(source: _Source) -> list[StepStatus]:
 
 
 def status_command(args: Sequence[str]) -> int:
-    """`drydock status FILE|MANIFEST [--watch] [--interval S] [--json] [options]`."""
+    """`drydock status FILE|MANIFEST [--watch] [--interval S] [--json] [options]`, or
+    `drydock status --latest [--prefix P] [...]`: the newest run under the prefix."""
+    if "--latest" in args:
+        return guarded(_status_latest, [a for a in args if a != "--latest"])
     return needs_target("status", args) or guarded(_status, args[0], args[1:])
+
+
+def _status_latest(argv: list[str]) -> int:
+    """The newest run manifest under the prefix (by when it started), watched like a MANIFEST."""
+    parser = Parser(prog="drydock status --latest", add_help=False)
+    parser.add_argument("--prefix")
+    known, rest = parser.parse_known_args(argv)
+    prefix = normalize_prefix(resolve_prefix(known.prefix))
+    storage = open_storage(prefix)
+    _check_prefix_exists(prefix, "--latest")
+    newest: tuple[float, str] | None = None
+    for name in list_manifests(storage, prefix):
+        path = f"{manifest_dir(prefix)}/{name}"
+        try:
+            started = float(load_manifest(path).get("started") or 0.0)
+        except (StepDeclarationError, TypeError, ValueError):
+            continue  # an unreadable manifest is not the newest run
+        if newest is None or started > newest[0]:
+            newest = (started, path)
+    if newest is None:
+        raise StepDeclarationError(None, f"no run manifest under {prefix}/experiments yet", field="--latest")
+    return _status(newest[1], ["--prefix", prefix, *rest])
+
+
+def _check_prefix_exists(prefix: str, field: str) -> None:
+    if is_local(prefix) and not os.path.isdir(prefix):
+        raise StepDeclarationError(
+            None, f"prefix {prefix} does not exist: nothing has run there", field=field
+        )
 
 
 def _status(target: str, argv: Sequence[str]) -> int:
@@ -120,6 +174,8 @@ def _status(target: str, argv: Sequence[str]) -> int:
         )
 
     def show(source: _Source) -> int:
+        if not known.watch:  # a watch may start before the first run has made the prefix
+            _check_prefix_exists(source.prefix, "--prefix")
         if known.json:
             rows = _read(source)
             print(json.dumps(_status_document(source, rows, time.time()), indent=2))
@@ -128,7 +184,13 @@ def _status(target: str, argv: Sequence[str]) -> int:
         if known.watch:
             # Ctrl-C ends watching; the table on screen is the last one read.
             with contextlib.suppress(KeyboardInterrupt):
-                watch(lambda: _read(source), console, interval=known.interval, title=source.title)
+                watch(
+                    lambda: _read(source),
+                    console,
+                    interval=known.interval,
+                    title=source.title,
+                    run_going=source.run_going,
+                )
             return 0
         console.print(status_table(_read(source), now=time.time(), title=source.title))
         return 0

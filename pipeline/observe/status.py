@@ -7,8 +7,8 @@
   the prefix, without the experiment's code;
 * `read_status(entries, store)`: one `StepStatus` per step from its `.status`, `.lease`,
   `.progress` and, for training steps, the tail of `metrics.jsonl` (current step and loss);
-* `status_table(rows)` renders them; `watch(...)` refreshes the table with rich `Live` until no
-  step is running any more.
+* `status_table(rows)` renders them; `watch(...)` refreshes the table with rich `Live` while the
+  run goes on (a step is running, or the run's manifest says it has not finished).
 
 Reads only; writes nothing.
 """
@@ -326,26 +326,36 @@ def watch(
     *,
     interval: float,
     title: str,
+    run_going: Callable[[], bool] = lambda: False,
+    wait_for_start: float = 60.0,
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
 ) -> list[StepStatus]:
-    """Show the status table and refresh it every `interval` seconds until no step is RUNNING.
+    """Show the status table and refresh it every `interval` seconds while the run goes on.
 
+    The run goes on while a step is RUNNING or `run_going()` (its manifest says it has not
+    finished). Otherwise the watch ends at once if every step is done; if not, it waits up to
+    `wait_for_start` seconds for a run to begin (a watch started just before the run is).
     Returns the last rows read. Ctrl-C propagates to the caller (which treats it as "stop watching").
     """
     from rich.live import Live
 
+    began = clock()
     rows = load()
     with Live(console=console, auto_refresh=False, transient=False) as live:
         while True:
             now = clock()
+            going = any(row.state == Event.RUNNING for row in rows) or run_going()
+            done = all(row.state == Event.SUCCESS for row in rows)
+            waiting = not going and not done and now - began < wait_for_start
+            note = f"waiting up to {wait_for_start:g}s for a run to start; " if waiting else ""
             footer = Text(
                 f"refreshed {time.strftime('%H:%M:%S', time.localtime(now))}, every {interval:g}s; "
-                "Ctrl-C to stop watching",
+                f"{note}Ctrl-C to stop watching",
                 style="dim",
             )
             live.update(Group(status_table(rows, now=now, title=title), footer), refresh=True)
-            if not any(row.state == Event.RUNNING for row in rows):
+            if not going and not waiting:
                 return rows
             sleep(interval)
             rows = load()

@@ -160,6 +160,8 @@ def run_experiment(
         # Progress lines are INFO: a run with --log_level WARNING (or quieter) prints none.
         quiet = logging.getLevelName(config.log_level.upper()) > logging.INFO
         emit = emit or (_silent if quiet else stderr_line)
+        if needs_backend:  # from now on a second terminal can follow this run by its manifest
+            emit(f"manifest {path}; follow it with: drydock status {path} --watch")
         reporter = Reporter(emit, total=len(plan.in_state(State.RUN, State.WAIT)))
         report = execute(plan, store, backend, owner, options, reporter)
     finally:

@@ -473,3 +473,69 @@ def test_small_wording(tmp_path):
     )
     assert helped.returncode == 0 and "(default: None)" not in helped.stdout
     assert "(default: 90.0)" in " ".join(helped.stdout.split())  # a default the text does not say
+
+
+def test_a_watch_started_before_the_run_follows_it_to_the_end(tmp_path):
+    """`drydock status FILE --watch` in a second terminal a moment before `drydock run FILE`."""
+    exp, prefix = write_experiment(tmp_path, sleep=0.5), tmp_path / "prefix"
+    watcher = subprocess.Popen(
+        [*DRYDOCK, "status", str(exp), "--prefix", str(prefix), "--watch", "--interval", "0.2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+        cwd=ROOT,
+    )
+    time.sleep(1.5)  # the watch is up and sees nothing running yet
+    assert watcher.poll() is None, watcher.communicate()
+    run = drydock("run", str(exp), "--prefix", str(prefix))
+    assert run.returncode == 0, run.stderr
+    # The run says where its manifest is as it starts, for a watcher by manifest.
+    assert "follow it with: drydock status " in run.stderr and "--watch" in run.stderr
+    out, err = watcher.communicate(timeout=60)
+    assert watcher.returncode == 0, err
+    assert "5 success" in out  # the last table: every step done
+
+
+def test_status_latest_and_a_prefix_that_does_not_exist(tmp_path):
+    prefix = tmp_path / "prefix"
+    missing = drydock("status", str(write_experiment(tmp_path)), "--prefix", str(tmp_path / "nowhere"))
+    assert missing.returncode == 2 and "does not exist: nothing has run there" in missing.stderr
+    none_yet = subprocess.run(
+        [*DRYDOCK, "status", "--latest", "--prefix", str(tmp_path / "nowhere")],
+        capture_output=True,
+        text=True,
+        env=env(),
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert none_yet.returncode == 2 and "does not exist" in none_yet.stderr
+    assert drydock("run", str(write_experiment(tmp_path, a_value=1)), "--prefix", str(prefix)).returncode == 0
+    assert (
+        drydock(
+            "run", str(write_experiment(tmp_path, a_value=2, name="other.py")), "--prefix", str(prefix)
+        ).returncode
+        == 0
+    )
+    latest = subprocess.run(
+        [*DRYDOCK, "status", "--latest", "--prefix", str(prefix), "--json"],
+        capture_output=True,
+        text=True,
+        env=env(),
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert latest.returncode == 0, latest.stderr
+    names = {s["name"] for s in json.loads(latest.stdout)["steps"]}
+    assert "data/a" in names
+    # The newest run is other.py's: its data/a has the new identity (value 2).
+    labels = [s["label"] for s in json.loads(latest.stdout)["steps"] if s["name"] == "data/a"]
+    other = subprocess.run(
+        [*DRYDOCK, "plan", str(tmp_path / "other.py"), "--prefix", str(prefix), "--json"],
+        capture_output=True,
+        text=True,
+        env=env(),
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert labels == [s["label"] for s in json.loads(other.stdout)["steps"] if s["name"] == "data/a"]

@@ -13,6 +13,7 @@ from pipeline.core.lease import Owner
 from pipeline.core.records import Event
 from pipeline.observe.status import (
     StepEntry,
+    StepStatus,
     entries_from_manifest,
     progress_text,
     read_status,
@@ -144,9 +145,48 @@ def test_watch_refreshes_until_nothing_runs(tmp_path):
         store.commit(b.output_path, me, token)  # the running step finishes between two refreshes
 
     console = Console(file=io.StringIO(), width=250, record=True, force_terminal=False)
-    rows = watch(load, console, interval=0.5, title="t", sleep=sleep)
+    rows = watch(load, console, interval=0.5, title="t", sleep=sleep, wait_for_start=0)
     assert len(loads) == 2
     (done,) = [r for r in rows if r.entry == b]
     assert done.state == "SUCCESS" and done.progress is not None
     assert progress_text(done) == ""  # a finished step shows no stale bar
     assert "Ctrl-C to stop watching" in console.export_text()
+
+
+def test_a_watch_started_before_the_run_waits_for_it_and_follows_it_to_the_end(tmp_path):
+    """`drydock status FILE --watch` in a second terminal, a moment before the run starts."""
+    entries = [StepEntry("a-0123456789ab", "a", str(tmp_path / "a-0123456789ab"))]
+    phases = iter(["before", "before", "running", "between", "finished"])
+    phase = {"now": "before"}
+    states = {"before": "NOT STARTED", "running": "RUNNING", "between": "SUCCESS", "finished": "SUCCESS"}
+    clock = {"t": 0.0}
+
+    def load():
+        return [StepStatus(entries[0], states[phase["now"]])]
+
+    def sleep(seconds: float) -> None:
+        clock["t"] += seconds
+        phase["now"] = next(phases)
+
+    console = Console(file=io.StringIO(), width=250, record=True, force_terminal=False)
+    # The run's manifest says it goes on until its end ("between": its step is done, the run is not).
+    going = lambda: phase["now"] in ("running", "between")  # noqa: E731
+    rows = watch(
+        load, console, interval=1.0, title="t", run_going=going, clock=lambda: clock["t"], sleep=sleep
+    )
+    assert rows[0].state == "SUCCESS" and phase["now"] == "finished"
+
+
+def test_a_watch_of_nothing_gives_up_after_the_wait(tmp_path):
+    entries = [StepEntry("a-0123456789ab", "a", str(tmp_path / "a-0123456789ab"))]
+    clock = {"t": 0.0}
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        clock["t"] += seconds
+
+    console = Console(file=io.StringIO(), width=250, record=True, force_terminal=False)
+    load = lambda: [StepStatus(entries[0], "NOT STARTED")]  # noqa: E731
+    watch(load, console, interval=10.0, title="t", wait_for_start=30, clock=lambda: clock["t"], sleep=sleep)
+    assert sleeps == [10.0, 10.0, 10.0]
