@@ -26,7 +26,7 @@ from typing import Any
 
 import fsspec
 
-from pipeline import Resources, Step, output_of, step_function, this_output, versioned
+from pipeline import Resources, Step, StepDeclarationError, output_of, step_function, this_output, versioned
 from steps.files import write_text
 from steps.imports import LEVANTER, import_ml
 
@@ -73,13 +73,38 @@ def mixture_step(
     validation: Sequence[str] = (),
     max_epochs: float | None = None,
 ) -> Step:
-    """A ready mixture `Step`. `components` maps names to tokenize steps (or output paths)."""
+    """A ready mixture `Step`. `components` maps names to tokenize steps (or output paths).
+
+    The weights are checked against the components before anything runs (a weight naming a
+    component that does not exist, no positive weight in a phase, a phase past the end, a
+    validation set that is not a component): a `StepDeclarationError` naming the field.
+    """
     paths = {key: output_of(value) if isinstance(value, Step) else value for key, value in components.items()}
-    schedule: Any = (
-        {k: float(v) for k, v in weights.items()}
-        if isinstance(weights, Mapping)
-        else [(int(start), {k: float(v) for k, v in w.items()}) for start, w in weights]
-    )
+    try:
+        schedule: Any = (
+            {k: float(v) for k, v in weights.items()}
+            if isinstance(weights, Mapping)
+            else [(int(start), {k: float(v) for k, v in w.items()}) for start, w in weights]
+        )
+        # The token counts are not known yet: 1 per component checks everything but the epochs.
+        plan_mixture(
+            schedule,
+            dict.fromkeys(components, 1),
+            target_tokens=int(target_tokens),
+            batch_size=int(batch_size),
+            seq_len=int(seq_len),
+        )
+    except (MixtureError, TypeError, ValueError) as e:
+        text = str(e)
+        field_name, sep, message = text.partition(": ")
+        if not sep or " " in field_name:
+            field_name, message = "weights", text
+        raise StepDeclarationError(name, message, field=field_name) from e
+    unknown = sorted(set(validation) - set(components))
+    if unknown:
+        raise StepDeclarationError(
+            name, f"unknown component(s) {unknown}; known: {sorted(components)}", field="validation"
+        )
     return Step(
         name=name,
         fn=mixture,

@@ -30,16 +30,17 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import fsspec
 
-from pipeline import Resources, Step, output_of, step_function, this_output, versioned
+from pipeline import Resources, Step, StepDeclarationError, output_of, step_function, this_output, versioned
 from steps.checkpoints import latest_checkpoint
 from steps.files import exists
 from steps.imports import LEVANTER, import_ml
@@ -126,8 +127,14 @@ def train_moe_step(
     """A ready train_moe `Step`: model, optimizer, data, batch, length, steps and seed are versioned.
 
     `options` sets the unversioned fields of `TrainMoeConfig` (checkpointing, evaluation,
-    logging): changing them does not rerun training.
+    logging): changing them does not rerun training. Mistakes the plan can see (a non-positive
+    or non-finite learning rate, a warm-up longer than the run, sizes that do not match the
+    mixture, a run longer than the mixture was sized for, a model Levanter cannot build) are a
+    `StepDeclarationError` naming the field, before anything runs.
     """
+    check_declaration(
+        name, data, model, optimizer or OptimizerSpec(), batch_size, seq_len, num_steps, options
+    )
     return Step(
         name=name,
         fn=train_moe,
@@ -146,6 +153,69 @@ def train_moe_step(
         description=f"train {model.family} {name}",
         resources=resources or Resources(cpus=1),
     )
+
+
+def check_declaration(
+    name: str,
+    data: Any,
+    model: MoeModelConfig,
+    optimizer: OptimizerSpec,
+    batch_size: int,
+    seq_len: int,
+    num_steps: int,
+    options: dict[str, Any],
+) -> None:
+    """What `train_moe_step` refuses before anything runs (see its docstring)."""
+
+    def refuse(field_name: str, message: str) -> NoReturn:
+        raise StepDeclarationError(name, message, field=field_name)
+
+    try:
+        model.check()
+    except ValueError as e:
+        field_name, _, message = str(e).partition(": ")
+        refuse(field_name, message)
+    sizes = {"batch_size": batch_size, "seq_len": seq_len, "num_steps": num_steps}
+    sizes.update({k: options[k] for k in ("checkpoint_interval",) if k in options})
+    for field_name, value in sizes.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            refuse(field_name, f"must be a positive whole number, got {value!r}")
+    rates = {"optimizer.learning_rate": optimizer.learning_rate}
+    if optimizer.name == "muon":
+        rates["optimizer.adam_learning_rate"] = optimizer.adam_learning_rate
+    for field_name, value in rates.items():
+        if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+            refuse(field_name, f"must be a positive finite number, got {value!r}")
+    if optimizer.name not in ("adamw", "muon"):
+        refuse("optimizer.name", f"unknown {optimizer.name!r}; use 'adamw' or 'muon'")
+    warmup = optimizer.warmup
+    if not math.isfinite(warmup) or warmup < 0:
+        refuse("optimizer.warmup", f"must be a fraction of the run or a step count >= 0, got {warmup!r}")
+    if warmup >= 1 and warmup >= num_steps:
+        refuse(
+            "optimizer.warmup", f"{warmup:g} warm-up steps is not shorter than the run ({num_steps} steps)"
+        )
+    mixture = getattr(data, "config", None) if isinstance(data, Step) else None
+    if mixture is not None and type(mixture).__name__ == "MixtureConfig":
+        planned = {
+            k: getattr(getattr(mixture, k), "value", getattr(mixture, k)) for k in ("batch_size", "seq_len")
+        }
+        for field_name in ("batch_size", "seq_len"):
+            if sizes[field_name] != planned[field_name]:
+                refuse(
+                    field_name,
+                    f"{sizes[field_name]} does not match the {planned[field_name]} that mixture "
+                    f"{data.name!r} was sized with (its phases are counted in steps of that size)",
+                )
+        target = getattr(mixture.target_tokens, "value", mixture.target_tokens)
+        available = math.ceil(target / (batch_size * seq_len))
+        if num_steps > available:
+            refuse(
+                "num_steps",
+                f"{num_steps} steps is longer than the mixture {data.name!r} was sized for ({available} "
+                f"steps: target_tokens {target:,} / {batch_size * seq_len:,} per step); raise its "
+                "target_tokens or lower num_steps",
+            )
 
 
 # -- summaries (no ML imports: used by plans) ----------------------------------------------------------

@@ -26,19 +26,20 @@ Levanter's own cache builder does with `enforce_bos`/`enforce_eos`.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pipeline import Resources, Step, step_events, this_output, versioned
+from pipeline import Resources, Step, StepDeclarationError, step_events, this_output, versioned
 from pipeline.run.parallel import parallel_map
 from steps.files import write_json
 from steps.imports import LEVANTER, import_ml
 from steps.tokenize.cache import read_marker, tokenize_shard, write_ledger
 from steps.tokenize.common import ShardStats, TokenizeError
 from steps.tokenize.readers import expand_inputs
-from steps.tokenize.tokenizer import load_tokenizer, resolve_tokenizer
+from steps.tokenize.tokenizer import _looks_like_hub_name, load_tokenizer, resolve_tokenizer
 
 __all__ = ["ShardStats", "TokenizeConfig", "TokenizeError", "tokenize", "tokenize_step"]
 
@@ -86,7 +87,12 @@ def tokenize_step(
     num_workers: int = 1,
     resources: Resources | None = None,
 ) -> Step:
-    """A ready tokenize `Step`. Inputs, tokenizer, text field and policies are versioned."""
+    """A ready tokenize `Step`. Inputs, tokenizer, text field and policies are versioned.
+
+    Local inputs and a local tokenizer directory are checked before anything runs (remote ones
+    when the step runs): a missing one is a `StepDeclarationError` naming the field.
+    """
+    check_local_inputs(name, {"train": train, "validation": validation}, tokenizer, input_root)
     return Step(
         name=name,
         fn=tokenize,
@@ -104,6 +110,33 @@ def tokenize_step(
         description=f"tokenize {name}",
         resources=resources or Resources(cpus=max(1, num_workers)),
     )
+
+
+def check_local_inputs(
+    name: str, inputs: dict[str, Sequence[str]], tokenizer: str, input_root: str | None
+) -> None:
+    """Refuse local input files and a local tokenizer directory that do not exist."""
+    if input_root is not None and "://" in input_root:
+        return  # everything is remote: checked when the step runs
+    for split, specs in inputs.items():
+        for i, spec in enumerate(specs):
+            if "://" in spec:
+                continue
+            try:
+                expand_inputs([spec], input_root, split)
+            except TokenizeError as e:
+                raise StepDeclarationError(name, str(e), field=f"{split}[{i}]") from e
+    candidate = (
+        tokenizer if os.path.isabs(tokenizer) or input_root is None else os.path.join(input_root, tokenizer)
+    )
+    if "://" in tokenizer or os.path.isdir(candidate):
+        return  # a URL, or a directory that exists
+    first = tokenizer.split("/", 1)[0]
+    looks_local = tokenizer.startswith((".", "/")) or (
+        input_root is not None and os.path.exists(os.path.join(input_root, first))
+    )
+    if looks_local or not _looks_like_hub_name(tokenizer):
+        raise StepDeclarationError(name, f"no tokenizer directory {candidate}", field="tokenizer")
 
 
 # -- the step function ----------------------------------------------------------------------------

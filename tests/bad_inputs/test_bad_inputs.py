@@ -102,3 +102,23 @@ def test_bad_input_gives_one_clear_error_and_writes_nothing(path, outcomes):
     # Nothing else appeared in the working directory either (only the file the test made).
     assert sorted(p.name for p in outcome.tmp.iterdir()) in (["afile"], ["afile", "prefix"])
     assert (outcome.tmp / "afile").read_text().startswith("a regular file")
+
+
+@pytest.mark.parametrize(
+    "name", ["mixture_unknown_component", "train_longer_than_mixture", "tokenize_missing_tokenizer"]
+)
+def test_drydock_plan_shows_the_same_errors(name, tmp_path):
+    """A step config mistake is found by `drydock plan` too, before anything runs."""
+    case = Case.load(Path(__file__).parent / "cases" / f"{name}.py")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_AUTH_MODE="disabled")
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", "plan", str(case.path), "--prefix", str(tmp_path / "prefix")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and case.expect in lines[0], result.stderr
+    assert not (tmp_path / "prefix").exists()

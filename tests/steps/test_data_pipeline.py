@@ -71,14 +71,14 @@ def test_the_plan_shows_training_parameters_and_tokens_before_any_data_exists(tm
 
     model = MoeModelConfig(hidden_dim=64, expert_intermediate_dim=128, num_experts=8, num_experts_per_token=2)
     train = train_moe_step(
-        "train/x", data=dag()[0], model=model, batch_size=8, seq_len=128, num_steps=500, vocab_size=1691
+        "train/x", data=dag()[0], model=model, batch_size=8, seq_len=128, num_steps=128, vocab_size=1691
     )
     plan = run_experiment([train], ExecutorMainConfig(prefix=str(tmp_path / "p"), dry_run=True))
     previews = step_previews(plan)
     (label,) = [label for label in plan.steps if label.startswith("train/x-")]
     total, active = parameter_counts(model, 1691)
     assert previews[label]["total_params"] == total and previews[label]["active_params"] == active
-    assert previews[label]["train_tokens"] == 500 * 8 * 128 and previews[label]["num_train_steps"] == 500
+    assert previews[label]["train_tokens"] == 128 * 8 * 128 and previews[label]["num_train_steps"] == 128
     # The mixture's inputs do not exist yet: its preview is the schedule alone.
     (mix,) = [text for label, text in previews.items() if label.startswith("mixture/")]
     assert "tokens and epochs per component once the components are tokenized" in mix
