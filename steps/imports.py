@@ -10,9 +10,11 @@ and the others wait, then find them imported.
 from __future__ import annotations
 
 import importlib
+import logging
 import threading
+import warnings
 
-__all__ = ["import_ml"]
+__all__ = ["LEVANTER", "import_ml", "quiet_known_noise"]
 
 _LOCK = threading.Lock()
 LEVANTER = ("jax", "haliax", "equinox", "levanter")
@@ -20,7 +22,39 @@ LEVANTER = ("jax", "haliax", "equinox", "levanter")
 
 
 def import_ml(*modules: str) -> None:
-    """Import NumPy, then `modules` (e.g. `*LEVANTER`), under one lock."""
+    """Import NumPy, then `modules` (e.g. `*LEVANTER`), under one lock; silence known noise."""
     with _LOCK:
         for name in ("numpy", *modules):
             importlib.import_module(name)
+        quiet_known_noise()
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, *messages: str) -> None:
+        super().__init__()
+        self.messages = messages
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() not in self.messages
+
+
+_QUIETED = False
+
+
+def quiet_known_noise() -> None:
+    """Drop library messages that look alarming but say nothing wrong about a Drydock run:
+
+    * Levanter's `Unknown leaf type <class 'NoneType'>`, logged for every absent optional parameter
+      (a bias the model does not have) each time a checkpoint is loaded: there is nothing to load;
+    * the warning of Levanter's Hugging Face export that it could not read the reference model's
+      config: train_moe runs offline on purpose (`hub_offline`), and the export then derives the
+      config from the model type, as docs/training.md says.
+    """
+    global _QUIETED
+    if _QUIETED:
+        return
+    logging.getLogger("levanter.tensorstore_serialization").addFilter(
+        _DropMessages("Unknown leaf type <class 'NoneType'>")
+    )
+    warnings.filterwarnings("ignore", message="Could not load reference HF config", category=UserWarning)
+    _QUIETED = True

@@ -24,6 +24,8 @@ class LoadedTokenizer:
     bos_id: int | None
     eos_id: int
     vocab_size: int
+    spec: str = ""
+    """The tokenizer as given (a directory or a Hub name): what the mixture's data config names."""
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         head = [self.bos_id] if self.bos_id is not None else []
@@ -37,11 +39,17 @@ class LoadedTokenizer:
 
     @property
     def metadata(self) -> dict[str, Any]:
+        """The cache ledger's preprocessor metadata, in the form Levanter's own tokenizer writes
+        (`BatchTokenizer.metadata`), so that training reading this cache through the mixture's
+        data config (which names the same tokenizer) finds no "Metadata mismatch" to warn about."""
         return {
-            "tokenizer_vocab_size": self.vocab_size,
-            "bos_id": self.bos_id,
-            "eos_id": self.eos_id,
-            "writer": "drydock.tokenize",
+            "tokenizer": self.spec,
+            "vocab_size": self.backend.get_vocab_size(with_added_tokens=False),
+            "return_attention_mask": False,
+            "padding": False,
+            "max_length": None,
+            "append_bos": self.bos_id is not None,
+            "append_eos": True,
         }
 
 
@@ -79,7 +87,7 @@ def load_tokenizer(spec: str) -> LoadedTokenizer:
         raise TokenizeError(f"tokenizer {spec!r} has no eos_token in its tokenizer_config.json")
     bos = special.get("bos_token")
     bos_id = backend.token_to_id(bos) if bos else None
-    tok = LoadedTokenizer(backend, bos_id, eos_id, backend.get_vocab_size(with_added_tokens=True))
+    tok = LoadedTokenizer(backend, bos_id, eos_id, backend.get_vocab_size(with_added_tokens=True), spec)
     _TOKENIZERS[spec] = tok
     return tok
 
