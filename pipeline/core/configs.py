@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import enum
 import functools
+import logging
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from pipeline.errors import StepDeclarationError
 from pipeline.step import OutputOf, Step, ThisOutput, Versioned
 
 __all__ = ["ConfigRefs", "collect_refs", "resolve_config", "to_plain"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -72,9 +75,28 @@ def collect_refs(step_name: str, config: Any) -> ConfigRefs:
             "wrap the step's parameters in a @dataclass(frozen=True)",
             field="config",
         )
+    _warn_if_mutable(step_name, type(config))
     refs = ConfigRefs({}, {}, {})
     _collect(step_name, config, "", False, refs, set())
     return refs
+
+
+_WARNED: set[type] = set()
+
+
+def _warn_if_mutable(step_name: str, cls: type) -> None:
+    """A config class that is not frozen gets one warning: the step function could change the
+    config it is handed, and the identity computed from it would no longer say what ran."""
+    params = getattr(cls, "__dataclass_params__", None)
+    if params is None or params.frozen or cls in _WARNED:
+        return
+    _WARNED.add(cls)
+    logger.warning(
+        "step %r: config class %s is not frozen; declare it @dataclass(frozen=True) so that no step "
+        "function can change a config after its identity is computed",
+        step_name,
+        cls.__qualname__,
+    )
 
 
 def _collect(step: str, value: Any, path: str, in_versioned: bool, refs: ConfigRefs, seen: set[int]) -> None:

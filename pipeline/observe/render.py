@@ -5,6 +5,7 @@ The status table lives in `pipeline.observe.status`, DAG pictures in `pipeline.o
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -80,8 +81,11 @@ def run_summary(report: RunReport) -> Table:
 
 
 def print_table(table: Table, *, stderr: bool = False) -> None:
-    """Print `table` to stdout (200 columns when not a terminal) or stderr."""
-    Console(stderr=stderr, width=None if stderr else 200, soft_wrap=False).print(table)
+    """Print `table` to stdout or stderr: a terminal's width, or 200 columns when the stream is a
+    file or a pipe (rich would assume 80 and wrap a failed step's error over several lines)."""
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() else 200
+    Console(stderr=stderr, width=width, soft_wrap=False).print(table)
 
 
 def is_table(value: Any) -> bool:

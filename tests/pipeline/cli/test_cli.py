@@ -539,3 +539,34 @@ def test_status_latest_and_a_prefix_that_does_not_exist(tmp_path):
         timeout=60,
     )
     assert labels == [s["label"] for s in json.loads(other.stdout)["steps"] if s["name"] == "data/a"]
+
+
+def test_a_mutable_config_class_is_warned_about_and_errors_stay_on_one_line(tmp_path):
+    path = tmp_path / "mutable.py"
+    path.write_text(
+        textwrap.dedent(
+            """
+            import os
+            from dataclasses import dataclass
+            from pipeline import Step, executor_main, this_output
+
+            @dataclass
+            class Loose:
+                output: str
+
+            def fail(config: Loose) -> None:
+                os.makedirs(config.output, exist_ok=True)
+                raise RuntimeError("a long error message " * 12)
+
+            step = Step("loose", fail, Loose(this_output()))
+            if __name__ == "__main__":
+                executor_main([step])
+            """
+        )
+    )
+    result = drydock("run", str(path), "--prefix", str(tmp_path / "p"))
+    assert result.returncode == 1
+    assert "config class Loose is not frozen" in result.stderr
+    # The end-of-run table, read from a pipe, keeps the failed step's error on one line.
+    (row,) = [line for line in result.stderr.splitlines() if "FAILED" in line and "│" in line]
+    assert "RuntimeError: a long error message" in row
