@@ -75,8 +75,17 @@ def call_step(
 
 
 class _Tee(io.TextIOBase):
+    """The real stream, plus the attempt's log copy until `release`. A logging handler that a
+    library made during the step (Levanter's, at the start of training) keeps this object as its
+    stream after the step: once released it writes to the real stream only, instead of to a
+    closed file ("--- Logging error --- ValueError: I/O operation on closed file")."""
+
     def __init__(self, *streams: Any) -> None:
         self._streams = streams
+
+    def release(self) -> None:
+        """Stop copying: from now on write to the real stream alone."""
+        self._streams = self._streams[:1]
 
     def write(self, text: str) -> int:
         for stream in self._streams:
@@ -110,7 +119,8 @@ def _captured(log_path: str, fence: Fence | None = None) -> Iterator[None]:
         root = logging.getLogger()
         root.addHandler(handler)
         out, err = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = _Tee(out, local), _Tee(err, local)
+        tees = _Tee(out, local), _Tee(err, local)
+        sys.stdout, sys.stderr = tees
         try:
             yield
         except BaseException:
@@ -118,6 +128,8 @@ def _captured(log_path: str, fence: Fence | None = None) -> Iterator[None]:
             raise
         finally:
             sys.stdout, sys.stderr = out, err
+            for tee in tees:
+                tee.release()
             root.removeHandler(handler)
             local.flush()
             local.seek(0)
