@@ -24,6 +24,7 @@ import io
 import logging
 import sys
 import tempfile
+import threading
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -104,15 +105,62 @@ class _Tee(io.TextIOBase):
         return False
 
 
+LOG_SYNC_SECONDS = 5.0
+"""How often a running step's log copy is written out: an attempt killed outright (Ctrl-C of a
+Ray run cancels its tasks by killing their workers; a SIGKILL of the runner takes its private Ray
+instance down) loses at most this many seconds of its log."""
+
+
+class _LogSync:
+    """Writes the attempt's log copy to `log_path` every `every` seconds while it grows, and once
+    more at the end; never once the attempt's lease may have expired (the step directory may then
+    be another runner's)."""
+
+    def __init__(self, local: Any, log_path: str, fence: Fence | None, every: float) -> None:
+        from pipeline.storage.files import open_storage
+
+        self._local, self._path, self._fence, self._every = local, log_path, fence, every
+        self._storage = open_storage(log_path)
+        self._written = -1
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="drydock-log-sync", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._every):
+            with contextlib.suppress(Exception, LeaseExpired):  # the final write reports problems
+                self.write()
+
+    def write(self) -> None:
+        with self._lock:
+            self._local.flush()
+            with open(self._local.name, "rb") as f:
+                data = f.read()
+            if len(data) == self._written:
+                return
+            if self._fence is not None and self._fence.remaining() <= 0:
+                raise LeaseExpired("the lease may have expired")
+            self._storage.write(self._path, data)
+            self._written = len(data)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 @contextlib.contextmanager
-def _captured(log_path: str, fence: Fence | None = None) -> Iterator[None]:
+def _captured(
+    log_path: str, fence: Fence | None = None, sync_every: float = LOG_SYNC_SECONDS
+) -> Iterator[None]:
     """Copy stdout, stderr and log records into `log_path` (any fsspec URL) while streaming them.
 
-    The copy is saved however the body ends: the log of a failed attempt matters most; but not
-    once the attempt's lease may have expired, since the step directory may be another runner's.
+    The copy is written out as the step goes (`_LogSync`) and saved however the body ends: the log
+    of a failed or interrupted attempt matters most; but not once the attempt's lease may have
+    expired, since the step directory may be another runner's.
     """
-    from pipeline.storage.files import open_storage
-
     with tempfile.NamedTemporaryFile("w+", suffix=".log") as local:
         handler = logging.StreamHandler(local)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -121,6 +169,8 @@ def _captured(log_path: str, fence: Fence | None = None) -> Iterator[None]:
         out, err = sys.stdout, sys.stderr
         tees = _Tee(out, local), _Tee(err, local)
         sys.stdout, sys.stderr = tees
+        sync = _LogSync(local, log_path, fence, sync_every)
+        sync.start()
         try:
             yield
         except BaseException:
@@ -131,12 +181,9 @@ def _captured(log_path: str, fence: Fence | None = None) -> Iterator[None]:
             for tee in tees:
                 tee.release()
             root.removeHandler(handler)
-            local.flush()
-            local.seek(0)
+            sync.stop()
             try:
-                if fence is not None and fence.remaining() <= 0:
-                    raise LeaseExpired("the lease may have expired")
-                open_storage(log_path).write(log_path, local.read().encode())
+                sync.write()
             except (Exception, LeaseExpired) as e:  # a log copy must never change how the step ends
                 print(f"drydock: could not save the step log to {log_path}: {e}", file=sys.stderr)
 

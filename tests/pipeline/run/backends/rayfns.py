@@ -112,3 +112,16 @@ def fan_out(config: FanConfig) -> None:
     os.makedirs(config.output, exist_ok=True)
     with open(os.path.join(config.output, "fan.json"), "w") as f:
         json.dump(results, f)
+
+
+@dataclass(frozen=True)
+class TalkConfig:
+    output: str
+    seconds: float = 120.0
+
+
+def talk_then_sleep(config: TalkConfig) -> None:
+    """Says something, then sleeps: a long step for a runner to be interrupted in."""
+    os.makedirs(config.output, exist_ok=True)
+    print("step says hello", flush=True)
+    time.sleep(config.seconds)
