@@ -256,19 +256,70 @@ def _step_context(storage: Storage, prefix: str, detail: data.StepDetail) -> dic
         text, _cut = data.read_log(storage, prefix, detail.label, detail.logs[-1])
         lines = text.splitlines()
         latest_log = (detail.logs[-1], "\n".join(lines[-LOG_TAIL_LINES:]), len(lines) > LOG_TAIL_LINES)
+    info = detail.step_json or {}
     chart = None
     if detail.metrics is not None:
+        planned = (info.get("summary") or {}).get("num_train_steps")
         chart = {
             "steps": list(detail.metrics.steps),
             "loss": list(detail.metrics.loss),
             "learning_rate": list(detail.metrics.learning_rate),
+            "eval_steps": list(detail.metrics.eval_steps),
+            "eval_loss": list(detail.metrics.eval_loss),
+            # While training runs, the x-axis spans the planned steps: how far along it is shows.
+            "planned_steps": planned if isinstance(planned, int) else None,
         }
     return {
         "detail": detail,
         "latest_log": latest_log,
         "chart": chart,
         "last_metrics": _finite(dict(detail.metrics.last)) if detail.metrics else {},
+        "hyperparameters": _hyperparameters(info),
+        "inputs": _inputs(info, prefix),
+        "failure": _failure(detail),
+        "refresh": REFRESH_SECONDS if detail.state == "RUNNING" and not detail.stale else None,
     }
+
+
+REFRESH_SECONDS = 10
+"""A page showing something that runs reloads itself this often."""
+
+
+def _hyperparameters(info: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """The step's versioned values as `a.b.c` rows: what makes this run this run."""
+    versioned = (info.get("identity") or {}).get("versioned") if isinstance(info, Mapping) else None
+    rows: list[tuple[str, Any]] = []
+
+    def walk(value: Any, path: str) -> None:
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                if key != "__class__":
+                    walk(item, f"{path}.{key}" if path else str(key))
+        else:
+            rows.append((path, value))
+
+    walk(versioned if isinstance(versioned, Mapping) else {}, "")
+    return rows
+
+
+def _inputs(info: Mapping[str, Any], prefix: str) -> list[tuple[str, bool]]:
+    """(label, waits) of the steps this one reads, from the output paths `.step.json` records."""
+    out = []
+    for key, waits in (("deps", True), ("soft_deps", False)):
+        for path in info.get(key) or ():
+            if isinstance(path, str) and path.startswith(prefix.rstrip("/") + "/"):
+                out.append((path[len(prefix.rstrip("/")) + 1 :], waits))
+    return out
+
+
+def _failure(detail: data.StepDetail) -> Any:
+    """The last attempt's error, for a step whose last state is FAILED."""
+    if detail.state != "FAILED":
+        return None
+    for event in reversed(detail.events):
+        if event.event == "FAILED":
+            return event
+    return None
 
 
 def _add_api(app: FastAPI, store: StepStore, prefix: str) -> None:

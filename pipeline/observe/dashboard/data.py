@@ -244,6 +244,8 @@ def read_metrics(storage: Storage, directory: str) -> Metrics | None:
         learning_rate=tuple(_number(r.get("learning_rate")) for r in shown),
         total_steps=len(ordered),
         last=ordered[-1] if ordered else {},
+        eval_steps=tuple(int(r["step"]) for r in ordered if "eval/loss" in r),
+        eval_loss=tuple(_number(r["eval/loss"]) for r in ordered if "eval/loss" in r),
     )
 
 

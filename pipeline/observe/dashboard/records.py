@@ -103,6 +103,9 @@ class Metrics:
     """Records in the file (the chart may show fewer: see MAX_CHART_POINTS)."""
     last: Mapping[str, Any]
     """The last step's record, every key."""
+    eval_steps: tuple[int, ...] = ()
+    eval_loss: tuple[float | None, ...] = ()
+    """The evaluations made during training (`eval/loss`), every one (they are few)."""
 
 
 @dataclass(frozen=True)

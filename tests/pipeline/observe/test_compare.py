@@ -90,7 +90,7 @@ def test_a_sweep_gives_a_row_per_training_and_sorts(prefix):
     document = rows_json(ordered)
     assert document["params"] == ["learning_rate"] and "task/prose/acc" in document["metrics"]
     curves = loss_curves(store, ordered)
-    assert len(curves) == 3 and len(curves[0]["train"]) == 20 and curves[0]["eval"] == []
+    assert len(curves) == 3 and len(curves[0]["train"]) == 20 and [p[0] for p in curves[0]["eval"]] == [10]
 
 
 def test_a_failed_or_unfinished_step_gives_no_row(tmp_path):

@@ -2,27 +2,49 @@
 // arrives in the page (a JSON script element), charts are drawn by the vendored Chart.js.
 "use strict";
 
-// Draw the training loss (and the learning rate on a second axis) from the JSON in #dataId.
+// Draw the training loss, the evaluations made during training and the learning rate (second
+// axis) from the JSON in #dataId; checkboxes #<canvasId minus "-chart">-log and -smooth switch a
+// log scale and an exponential moving average of the training loss (remembered by the browser).
 function drydockLossChart(canvasId, dataId) {
   const series = JSON.parse(document.getElementById(dataId).textContent);
-  const points = (ys) => series.steps.map((x, i) => ({ x: x, y: ys[i] }));
+  const points = (xs, ys) => xs.map((x, i) => ({ x: x, y: ys[i] }));
+  const smooth = (ys, alpha) => {
+    let last = null;
+    return ys.map((y) => (y === null ? null : (last = last === null ? y : alpha * y + (1 - alpha) * last)));
+  };
+  const base = canvasId.replace(/-chart$/, "");
+  const logBox = document.getElementById(base + "-log");
+  const smoothBox = document.getElementById(base + "-smooth");
+  const remembered = (box) => box && (box.checked = localStorage.getItem("drydock:" + box.id) === "1");
+  remembered(logBox);
+  remembered(smoothBox);
   const datasets = [{
-    label: "loss", data: points(series.loss), yAxisID: "y",
+    label: "train loss", data: points(series.steps, series.loss), yAxisID: "y",
     borderColor: "#1565c0", backgroundColor: "#1565c0", borderWidth: 1.5, pointRadius: 0,
   }];
+  if (series.eval_steps && series.eval_steps.length) {
+    datasets.push({
+      label: "eval loss", data: points(series.eval_steps, series.eval_loss), yAxisID: "y",
+      borderColor: "#c62828", backgroundColor: "#c62828", borderWidth: 1.5, pointRadius: 3, borderDash: [5, 4],
+    });
+  }
   const scales = {
     x: { type: "linear", title: { display: true, text: "step" } },
     y: { type: "linear", position: "left", title: { display: true, text: "loss" } },
   };
+  if (series.planned_steps) {
+    scales.x.min = 0;
+    scales.x.max = series.planned_steps;
+  }
   if (series.learning_rate.some((v) => v !== null)) {
     datasets.push({
-      label: "learning rate", data: points(series.learning_rate), yAxisID: "lr",
+      label: "learning rate", data: points(series.steps, series.learning_rate), yAxisID: "lr",
       borderColor: "#ef6c00", backgroundColor: "#ef6c00", borderWidth: 1, pointRadius: 0, borderDash: [4, 3],
     });
     scales.lr = { type: "linear", position: "right", grid: { drawOnChartArea: false },
                   title: { display: true, text: "learning rate" } };
   }
-  return new Chart(document.getElementById(canvasId), {
+  const chart = new Chart(document.getElementById(canvasId), {
     type: "line",
     data: { datasets: datasets },
     options: {
@@ -32,6 +54,18 @@ function drydockLossChart(canvasId, dataId) {
       scales: scales,
     },
   });
+  const apply = () => {
+    chart.options.scales.y.type = logBox && logBox.checked ? "logarithmic" : "linear";
+    const ys = smoothBox && smoothBox.checked ? smooth(series.loss, 0.1) : series.loss;
+    chart.data.datasets[0].data = points(series.steps, ys);
+    chart.update();
+  };
+  [logBox, smoothBox].forEach((box) => box && box.addEventListener("change", () => {
+    localStorage.setItem("drydock:" + box.id, box.checked ? "1" : "0");
+    apply();
+  }));
+  apply();
+  return chart;
 }
 
 // Make the DAG's nodes (drawn by pipeline.dag_render, which knows nothing of URLs) open their step.

@@ -59,6 +59,8 @@ def train_tiny(config: TrainConfig) -> None:
                 + "\n"
             )
             f.write(json.dumps({"step": step, "throughput/tokens_per_second": 1000.0 + step}) + "\n")
+            if step and step % 10 == 0 and step < config.num_steps - 1:  # evaluations during training
+                f.write(json.dumps({"step": step, "eval/loss": loss_at(step) + 0.2}) + "\n")
             log_lines.append(f"step {step}: loss {loss:.4f}")
             step_events.progress(step + 1, config.num_steps, "steps", {"loss": loss})
             if step == config.spike_at:

@@ -252,3 +252,24 @@ def test_a_step_kind_the_dashboard_has_no_code_for_shows_its_report(tmp_path):
         ("prose", "0.5"),
     ]
     assert "<th>tasks scored</th><td>2</td>" in page
+
+
+def test_a_running_step_page_reloads_itself_and_a_finished_one_does_not(dashboard, runs, tmp_path):
+    from pipeline.core.lease import Owner
+    from pipeline.storage.files import open_storage
+    from pipeline.storage.step_store import StepStore
+
+    finished = runs.label(runs.demo, "train/tiny")
+    assert 'http-equiv="refresh"' not in get(dashboard, f"/steps/{finished}").text
+    # A step another runner (this test, alive) is running now, under the same prefix.
+    label = "train/live-0123456789ab"
+    step_dir = f"{runs.prefix}/{label}"
+    store = StepStore(open_storage(runs.prefix))
+    owner = Owner.current()
+    taken = store.acquire(step_dir, owner, ttl=600)
+    try:
+        page = get(dashboard, f"/steps/{label}").text
+        assert 'http-equiv="refresh" content="10"' in page and "reloads every 10 s" in page
+    finally:
+        store.release(step_dir, owner, taken.token)
+        store.append(step_dir, owner, taken.token, "CANCELLED", "test over")

@@ -99,11 +99,22 @@ def test_dashboard_in_a_browser(dashboard, runs, page, tmp_path):
             };
         }"""
     )
-    assert chart["labels"] == ["loss", "learning rate"]
+    assert chart["labels"] == ["train loss", "eval loss", "learning rate"]
     assert chart["points"] == 40 and chart["laidOut"] == 40
     assert chart["first"] == {"x": 0, "y": 7.5}
     assert chart["yMax"] >= 4 * 2.0  # the spike at step 30 is on the chart
     assert chart["width"] > 0 and chart["painted"] > 1000
+    # Log scale and smoothing switch on the same chart.
+    page.locator("#loss-log").check()
+    assert page.evaluate("() => Chart.getChart('loss-chart').options.scales.y.type") == "logarithmic"
+    page.locator("#loss-smooth").check()
+    smoothed = page.evaluate("() => Chart.getChart('loss-chart').data.datasets[0].data[30].y")
+    assert smoothed < 4 * 2.0  # the spike at step 30 is averaged down
+    page.locator("#loss-log").uncheck()
+    page.locator("#loss-smooth").uncheck()
+    # The versioned values as a table; what the step reads, linked.
+    assert "num_steps" in page.locator("#hyperparameters").inner_text()
+    assert runs.label(runs.demo, "data/corpus") in page.locator("#inputs").inner_text()
     page.screenshot(path=str(tmp_path / "step.png"), full_page=True)
     page.locator("#training").screenshot(path=str(tmp_path / "loss-chart.png"))
     assert os.path.getsize(tmp_path / "step.png") > 10_000
@@ -131,6 +142,10 @@ def test_dashboard_in_a_browser(dashboard, runs, page, tmp_path):
     page.screenshot(path=str(tmp_path / "broken.png"), full_page=True)
     if UPDATE_DOCS:
         page.screenshot(path=os.path.join(DOCS_IMAGES, "dashboard-experiment.png"))
+    # A failed step's page says why at the top.
+    page.locator(f'#dag g.node[data-label="{runs.label(runs.broken, "train/broken")}"]').click()
+    page.wait_for_url("**/steps/train/broken-*")
+    assert "loss became NaN at step 3" in page.locator("#failure").inner_text()
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +197,7 @@ def test_compare_page_in_a_browser(compared, page, tmp_path):
     # One chart: every training's loss curve overlaid, drawn by Chart.js.
     page.wait_for_function("() => window.Chart && Chart.getChart('compare-chart')")
     datasets = page.evaluate("() => Chart.getChart('compare-chart').data.datasets.map(d => d.label)")
-    assert len(datasets) == 3 and all("(train)" in d for d in datasets)
+    assert sorted(d.rsplit(" ", 1)[1] for d in datasets) == ["(eval)"] * 3 + ["(train)"] * 3
     page.screenshot(path=str(tmp_path / "compare.png"), full_page=True)
     if UPDATE_DOCS:
         page.screenshot(path=os.path.join(DOCS_IMAGES, "dashboard-compare.png"), full_page=True)
