@@ -31,7 +31,7 @@ from pipeline.run.options import ExecutorMainConfig, resolve_prefix, validate_op
 from pipeline.run.provenance import drift_digest_of, environment_info, step_info
 from pipeline.step import Step
 from pipeline.storage.files import open_storage
-from pipeline.storage.manifests import experiment_name, manifest_path
+from pipeline.storage.manifests import experiment_name, manifest_path, run_record_path
 from pipeline.storage.step_store import StepStore
 
 __all__ = ["prepare", "run_experiment", "stderr_line"]
@@ -140,12 +140,16 @@ def run_experiment(
     env = environment_info(source_file)
     started = time.time()
     path = manifest_path(dag.prefix, dag.nodes, name)
+    # The manifest is the latest run of this DAG; each run also keeps a record of its own.
+    history = run_record_path(path, owner.run_id)
     with _gc_paused():  # as in planning: many small, acyclic objects
         manifest = ManifestBuilder(
             plan, name, description, owner.run_id, env, started=started, source_file=source_file
         )
         if needs_backend:  # a run in progress is visible from its manifest; a cached one ends now
-            store.storage.write(path, manifest.encode())
+            first = manifest.encode()
+            store.storage.write(path, first)
+            store.storage.write(history, first)
     options = ExecutionOptions(
         max_concurrent=config.max_concurrent or backend.default_concurrency(),
         lease_timeout=config.lease_timeout,
@@ -168,7 +172,10 @@ def run_experiment(
         backend.close()
         gc.unfreeze()
     with _gc_paused():
-        store.storage.write(path, manifest.encode(report))
+        final = manifest.encode(report)
+        store.storage.write(path, final)
+        if needs_backend:  # a run that found everything cached adds nothing to the history
+            store.storage.write(history, final)
     logger.debug("manifest: %s", path)  # the end-of-run summary prints it
     return report
 

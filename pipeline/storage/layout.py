@@ -8,7 +8,9 @@
         .tmp-*                              a write in progress (or the trace of one that died)
         .status.corrupt-<token>             an unreadable `.status` set aside by `--force`
         <anything else>                     the step's payload
-    <prefix>/experiments/<experiment>-<hash>.json   run manifests (pipeline.storage.manifests)
+    <prefix>/experiments/<experiment>-<hash>.json   run manifests (pipeline.storage.manifests): the
+                                                    latest run of that DAG
+    <prefix>/experiments/runs/<experiment>-<hash>/<run id>.json   every run's own record
 
 Path helpers join with `/` (fsspec URLs and local paths alike). No I/O here.
 """

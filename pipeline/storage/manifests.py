@@ -21,14 +21,18 @@ from pipeline.storage.files import Storage
 from pipeline.storage.layout import MANIFEST_DIR, TMP_PREFIX, join_path, manifest_name
 
 __all__ = [
+    "RUNS_DIR",
     "ManifestError",
     "encode_lines",
     "experiment_name",
     "is_manifest",
     "list_manifests",
+    "list_run_records",
     "load_manifest",
     "manifest_path",
     "parse_manifest",
+    "run_record_dir",
+    "run_record_path",
 ]
 
 
@@ -98,3 +102,27 @@ def list_manifests(storage: Storage, prefix: str) -> list[str]:
         for n in storage.listdir(manifest_dir(prefix))
         if n.endswith(".json") and not n.startswith(TMP_PREFIX)
     )
+
+
+RUNS_DIR = "runs"
+"""`<prefix>/experiments/runs/<experiment>-<hash>/<run id>.json`: one record per run of a DAG, which
+the manifest beside it (the latest run's) would otherwise overwrite."""
+
+
+def run_record_path(manifest: str, run_id: str) -> str:
+    """Where the run `run_id` of the manifest at `manifest` keeps its own copy."""
+    directory, name = manifest.rsplit("/", 1)
+    return f"{directory}/{RUNS_DIR}/{name.removesuffix('.json')}/{run_id}.json"
+
+
+def list_run_records(storage: Storage, prefix: str, manifest_id: str) -> list[str]:
+    """File names of the run records of manifest `manifest_id` (`<experiment>-<hash>`), sorted."""
+    directory = run_record_dir(prefix, manifest_id)
+    return sorted(
+        n for n in storage.listdir(directory) if n.endswith(".json") and not n.startswith(TMP_PREFIX)
+    )
+
+
+def run_record_dir(prefix: str, manifest_id: str) -> str:
+    """The directory of the run records of manifest `manifest_id`."""
+    return f"{manifest_dir(prefix)}/{RUNS_DIR}/{manifest_id}"

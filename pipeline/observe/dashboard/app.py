@@ -4,6 +4,7 @@
 
     /                                     experiments (one row per manifest)
     /experiments/{id}                     an experiment: its DAG picture and a table of step states
+    /experiments/{id}?run=RUN             one earlier run of it, as that run left each step
     /steps/{label}                        a step: state, config, status events, logs, loss chart, evaluation
     /steps/{label}/logs/{name}            one log file
     /compare?run=ID&run=ID                runs side by side: loss curves overlaid, the fields that
@@ -180,9 +181,10 @@ def create_app(prefix: str) -> FastAPI:
         manifest_id: str,
         state: str | None = None,
         show_all: bool = Query(False, alias="all"),
+        run: str | None = None,
     ) -> HTMLResponse:
         try:
-            detail = data.read_experiment(store, prefix, manifest_id)
+            detail = data.read_experiment(store, prefix, manifest_id, run=run)
         except data.NotFound as e:
             return error_page(request, 404, str(e))
         except ValueError as e:

@@ -20,6 +20,7 @@ lists before anything is read, so a request cannot reach outside the prefix.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -45,7 +46,7 @@ from pipeline.observe.live import runner_gone
 from pipeline.observe.metrics import METRICS_FILE, parse_metrics
 from pipeline.storage.files import Storage, map_reads
 from pipeline.storage.layout import LOGS_DIR, is_label, is_payload, log_token, step_dir
-from pipeline.storage.manifests import list_manifests, manifest_dir
+from pipeline.storage.manifests import list_manifests, list_run_records, manifest_dir, run_record_dir
 from pipeline.storage.step_store import StepStore
 
 __all__ = [
@@ -66,6 +67,7 @@ __all__ = [
     "read_metrics",
     "read_progress",
     "read_results",
+    "read_run_record",
     "read_step",
 ]
 
@@ -87,8 +89,13 @@ class NotFound(LookupError):
 # Experiments (manifests)
 
 
-def _summary(manifest_id: str, manifest: Mapping[str, Any]) -> ExperimentSummary:
+def _summary(manifest_id: str, manifest: Mapping[str, Any], run: str | None = None) -> ExperimentSummary:
     counts = dict(Counter(str(step.get("state", "UNKNOWN")) for step in manifest.get("steps", [])))
+    labels = {
+        str(step.get("name")): str(step.get("label"))
+        for step in manifest.get("steps", [])
+        if isinstance(step, Mapping)
+    }
     return ExperimentSummary(
         id=manifest_id,
         experiment=str(manifest.get("experiment", manifest_id)),
@@ -99,6 +106,8 @@ def _summary(manifest_id: str, manifest: Mapping[str, Any]) -> ExperimentSummary
         finished=bool(manifest.get("finished")),
         exit_code=manifest.get("exit_code"),
         counts=counts,
+        run=run,
+        labels=labels,
     )
 
 
@@ -113,7 +122,10 @@ def _read_manifest(storage: Storage, prefix: str, manifest_id: str) -> Mapping[s
 
 
 def list_experiments(storage: Storage, prefix: str) -> list[ExperimentSummary]:
-    """Every manifest under `<prefix>/experiments/`, most recently updated first.
+    """Every run under `<prefix>/experiments/`, most recently started first: each run record
+    (`experiments/runs/<id>/<run id>.json`), or a manifest's latest run if it has no records (from
+    before runs kept them, or only ever found everything cached). Each row says which
+    steps changed identity since the previous run of the same experiment.
 
     A manifest that cannot be parsed is listed with its error instead of hiding the others.
     """
@@ -121,14 +133,47 @@ def list_experiments(storage: Storage, prefix: str) -> list[ExperimentSummary]:
     for name in list_manifests(storage, prefix):
         manifest_id = name.removesuffix(".json")
         try:
-            out.append(_summary(manifest_id, _read_manifest(storage, prefix, manifest_id)))
+            manifest = _read_manifest(storage, prefix, manifest_id)
         except NotFound:
             continue  # removed between listing and reading
         except ValueError as e:
             out.append(
                 ExperimentSummary(manifest_id, manifest_id, "", "", None, None, False, None, {}, str(e))
             )
-    return sorted(out, key=lambda s: (-(s.updated or 0.0), s.id))
+            continue
+        records = list_run_records(storage, prefix, manifest_id)
+        runs = []
+        for record in records:
+            data = storage.read(f"{run_record_dir(prefix, manifest_id)}/{record}")
+            try:
+                runs.append(_summary(manifest_id, json.loads(data or b"{}"), record.removesuffix(".json")))
+            except (ValueError, AttributeError):
+                continue  # a record cut short: the manifest still tells the run
+        if not runs:  # a manifest from before runs kept records, or only ever fully cached
+            runs.append(_summary(manifest_id, manifest))
+        out.extend(runs)
+    out.sort(key=lambda s: (s.started or 0.0, s.id))
+    previous: dict[str, ExperimentSummary] = {}
+    for i, summary in enumerate(out):
+        before = previous.get(summary.experiment)
+        if before is not None:
+            changed = tuple(
+                name for name, label in summary.labels.items() if before.labels.get(name) not in (None, label)
+            )
+            out[i] = dataclasses.replace(summary, changed=changed)
+        previous[summary.experiment] = summary
+    return sorted(out, key=lambda s: (-(s.started or 0.0), s.id))
+
+
+def read_run_record(storage: Storage, prefix: str, manifest_id: str, run: str) -> Mapping[str, Any]:
+    """One run record of a manifest; NotFound unless storage lists it."""
+    if f"{run}.json" not in list_run_records(storage, prefix, manifest_id):
+        raise NotFound(f"experiment {manifest_id!r} has no run {run!r}")
+    data = storage.read(f"{run_record_dir(prefix, manifest_id)}/{run}.json")
+    manifest = json.loads(data or b"{}")
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("steps"), list):
+        raise ValueError("not a Drydock run record (no `steps` list)")
+    return manifest
 
 
 def live_state(manifest_state: str, record: StepRecord, stale: bool) -> str:
@@ -177,14 +222,21 @@ def _step_row(entry: Mapping[str, Any], record: StepRecord, state: str, progress
 
 
 def read_experiment(
-    store: StepStore, prefix: str, manifest_id: str, now: float | None = None
+    store: StepStore, prefix: str, manifest_id: str, now: float | None = None, run: str | None = None
 ) -> ExperimentDetail:
-    """One experiment's manifest with the current `.status` of each of its steps.
+    """One experiment's manifest with the current `.status` of each of its steps; with `run`, that
+    run's own record, each step in the state that run left it.
 
     Raises NotFound for an id that is not a manifest under the prefix, ValueError for a corrupt one.
     """
     if f"{manifest_id}.json" not in store.storage.listdir(manifest_dir(prefix)):
         raise NotFound(f"no experiment {manifest_id!r} under {prefix}")
+    if run is not None:
+        record = read_run_record(store.storage, prefix, manifest_id, run)
+        entries = [e for e in record["steps"] if isinstance(e, Mapping) and is_label(str(e.get("label", "")))]
+        rows = [_step_row(e, StepRecord(), str(e.get("state", "UNKNOWN")), None) for e in entries]
+        environment = {k: record.get(k) for k in ("git", "versions", "host", "argv", "prefix") if k in record}
+        return ExperimentDetail(_summary(manifest_id, record, run), tuple(rows), environment)
     manifest = _read_manifest(store.storage, prefix, manifest_id)
     now = time.time() if now is None else now
     entries = [e for e in manifest["steps"] if isinstance(e, Mapping) and is_label(str(e.get("label", "")))]

@@ -79,6 +79,12 @@ class ExperimentSummary:
     """Number of steps per manifest state."""
     error: str | None = None
     """Why the manifest could not be read, if it could not."""
+    run: str | None = None
+    """The run record this row shows (a run id), or None for the manifest (the latest run)."""
+    changed: tuple[str, ...] = ()
+    """Steps whose identity differs from the previous run of the same experiment (what it changed)."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """Step name -> label in this run (to compare runs)."""
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 import pytest
 
@@ -257,3 +258,48 @@ def test_running_step_in_an_experiment_has_state_and_progress(tmp_path):
     assert row.progress is not None and row.progress.percent == 75
     step = data.read_step(store_of(str(tmp_path)), str(tmp_path), label)
     assert step.state == "RUNNING" and not step.stale and step.progress == row.progress
+
+
+@dataclass(frozen=True)
+class FlakyConfig:
+    output: str
+    flag: str
+    value: int = 1
+
+
+def flaky(config: FlakyConfig) -> None:
+    """Fails while the flag file exists."""
+    if os.path.exists(config.flag):
+        raise RuntimeError("the flag is up")
+    os.makedirs(config.output, exist_ok=True)
+    with open(os.path.join(config.output, "out"), "w") as f:
+        f.write(str(config.value))
+
+
+def test_every_run_keeps_its_history(tmp_path):
+    """A failed run, then the same experiment run again: two rows, each with its own outcome;
+    a third run with a changed value says what changed."""
+    from pipeline import ExecutorMainConfig, Step, run_experiment, this_output, versioned
+
+    prefix, flag = str(tmp_path / "prefix"), tmp_path / "flag"
+    config = ExecutorMainConfig(prefix=prefix, backend="local", experiment="hist")
+
+    def steps(value: int) -> list[Step]:
+        return [Step("work", flaky, FlakyConfig(this_output(), str(flag), versioned(value)))]
+
+    flag.write_text("up")
+    assert not run_experiment(steps(1), config).ok
+    flag.unlink()
+    assert run_experiment(steps(1), config).ok
+    assert run_experiment(steps(1), config).ok  # all cached: no new history row
+    assert run_experiment(steps(2), config).ok
+    rows = data.list_experiments(open_storage(prefix), prefix)
+    assert [(r.experiment, r.exit_code) for r in rows] == [("hist", 0), ("hist", 0), ("hist", 1)]
+    newest, second, first = rows
+    assert second.id == first.id and second.run != first.run  # the same DAG, two runs
+    assert newest.changed == ("work",) and second.changed == () and first.changed == ()
+    # The failed run's own page shows the step as that run left it.
+    detail = data.read_experiment(store_of(prefix), prefix, first.id, run=first.run)
+    assert [row.state for row in detail.steps] == ["FAILED"]
+    with pytest.raises(data.NotFound):
+        data.read_experiment(store_of(prefix), prefix, first.id, run="no-such-run")
