@@ -19,6 +19,8 @@ __all__ = [
     "kept_steps_of",
     "latest_checkpoint",
     "load_model",
+    "prune_checkpoints",
+    "retained_steps",
 ]
 
 
@@ -99,3 +101,39 @@ def load_model(train: str, checkpoint: str, vocab_size: int, parameter_mapping: 
     model = eqx.filter_eval_shape(model_config.build, vocab, key=jax.random.PRNGKey(0))
     model = load_checkpoint(model, checkpoint, subpath="model")
     return hax.shard_with_axis_mapping(model, parameter_mapping)
+
+
+def retained(step: int, newest: list[int], final_step: int, keep_every: int | None) -> bool:
+    """Whether retention keeps the checkpoint of `step`: the final one, one of the `newest`, or a
+    multiple of `keep_every`."""
+    return step == final_step or step in newest or (keep_every is not None and step % keep_every == 0)
+
+
+def retained_steps(
+    final_step: int, interval: int, keep: int | None, keep_every: int | None
+) -> set[int] | None:
+    """Every checkpoint step a finished training keeps under a retention policy (None: all)."""
+    if keep is None:
+        return None
+    steps = [s for s in range(interval, final_step + 1, interval)]
+    newest = steps[-keep:] if keep > 0 else []
+    return {s for s in [*steps, final_step] if retained(s, newest, final_step, keep_every)}
+
+
+def prune_checkpoints(
+    root: str, *, interval: int, keep: int, keep_every: int | None, final_step: int
+) -> list[int]:
+    """Delete the `interval` checkpoints under `root` older than the newest `keep` (but not the
+    final one, nor multiples of `keep_every`); time-based ones are Levanter's to delete. Returns
+    the steps deleted."""
+    found = complete_checkpoints(root)
+    kept_by_interval = sorted(s for s in found if s % interval == 0)
+    newest = kept_by_interval[-keep:] if keep > 0 else []
+    doomed = [s for s in kept_by_interval if not retained(s, newest, final_step, keep_every)]
+    if doomed:
+        fs, _ = fsspec.core.url_to_fs(root)
+        for step in doomed:
+            # metadata.json first: a half-deleted checkpoint is then never taken for a complete one.
+            fs.rm(fsspec.core.url_to_fs(f"{found[step]}/metadata.json")[1])
+            fs.rm(fsspec.core.url_to_fs(found[step])[1], recursive=True)
+    return doomed

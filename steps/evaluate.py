@@ -85,7 +85,7 @@ def evaluate_step(
     """
     train_config = training_of(name, train)
     blocking = check_follow(name, blocking, follow, checkpoint_step)
-    check_checkpoint_step(name, train_config, checkpoint_step)
+    check_checkpoint_step(name, train_config, checkpoint_step, follow)
     return Step(
         name=name,
         fn=evaluate,

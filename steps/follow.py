@@ -199,12 +199,34 @@ def check_follow(name: str, blocking: bool | None, follow: bool, checkpoint_step
     return blocking
 
 
-def check_checkpoint_step(name: str, training: Any, checkpoint_step: int | None) -> None:
-    """A checkpoint the training keeps (every `checkpoint_interval` steps, and its final step), or
-    the declaration error of step `name`: any other one never exists, or is deleted under the reader."""
+def check_checkpoint_step(
+    name: str, training: Any, checkpoint_step: int | None, follow: bool = False
+) -> None:
+    """A checkpoint the training keeps (every `checkpoint_interval` steps, and its final step, and
+    under a retention policy only those it retains), or the declaration error of step `name`: any
+    other one never exists, or is deleted under the reader. A follower needs every checkpoint, so it
+    cannot follow a training that deletes old ones."""
+    from steps.checkpoints import retained_steps
+
+    final, interval = plain(training.num_steps) - 1, training.checkpoint_interval
+    keep, keep_every = getattr(training, "keep_checkpoints", None), getattr(training, "keep_every", None)
+    if follow and keep is not None:
+        raise StepDeclarationError(
+            name,
+            f"the training deletes all but its newest {keep} checkpoints (keep_checkpoints), so a "
+            "follower could miss one: drop keep_checkpoints there, or evaluate fixed checkpoints",
+            "follow",
+        )
     if checkpoint_step is None:
         return
-    final, interval = plain(training.num_steps) - 1, training.checkpoint_interval
+    kept = retained_steps(final, interval, keep, keep_every)
+    if kept is not None and checkpoint_step not in kept and kept_steps_of(final, interval)(checkpoint_step):
+        raise StepDeclarationError(
+            name,
+            f"the training's retention (keep_checkpoints={keep}, keep_every={keep_every}) deletes "
+            f"the checkpoint of step {checkpoint_step}; it keeps {sorted(kept)}",
+            "checkpoint_step",
+        )
     if not kept_steps_of(final, interval)(checkpoint_step):
         raise StepDeclarationError(
             name,

@@ -144,6 +144,14 @@ def levanter_train_config(
                 append_run_id_to_base_path=False,
                 save_interval=timedelta(minutes=config.checkpoint_minutes),
                 keep=[dict(every=config.checkpoint_interval)],
+                retention=None
+                if config.keep_checkpoints is None
+                else dict(
+                    interval=config.checkpoint_interval,
+                    keep=config.keep_checkpoints,
+                    keep_every=config.keep_every,
+                    final_step=config.num_steps - 1,
+                ),
             ),
         ),
         hf_save_path=os.path.join(out, "hf") if config.hf_export else None,

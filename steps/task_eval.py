@@ -122,7 +122,7 @@ def task_eval_step(
         raise StepDeclarationError(name, str(e).split(": ", 1)[-1], field=str(e).split(":", 1)[0]) from e
     train_config = training_of(name, train)
     blocking = check_follow(name, blocking, follow, checkpoint_step)
-    check_checkpoint_step(name, train_config, checkpoint_step)
+    check_checkpoint_step(name, train_config, checkpoint_step, follow)
     return Step(
         name=name,
         fn=task_eval,

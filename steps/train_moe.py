@@ -91,6 +91,11 @@ class TrainMoeConfig:
     """Keep a checkpoint every this many steps (the final step is always saved)."""
     checkpoint_minutes: float = 10.0
     """Also save a temporary checkpoint this often, so preemption loses little."""
+    keep_checkpoints: int | None = None
+    """Retention: keep only the newest this many of the `checkpoint_interval` checkpoints (plus
+    `keep_every` ones and the final one), deleting older ones as new ones are saved. None: keep all."""
+    keep_every: int | None = None
+    """With `keep_checkpoints`: also keep every checkpoint whose step is a multiple of this."""
     eval_interval: int = 50
     max_eval_batches: int | None = 4
     router_stats_interval: int = 10
@@ -177,6 +182,7 @@ def check_declaration(
         refuse(field_name, message)
     sizes = {"batch_size": batch_size, "seq_len": seq_len, "num_steps": num_steps}
     sizes.update({k: options[k] for k in ("checkpoint_interval",) if k in options})
+    sizes.update({k: options[k] for k in ("keep_checkpoints", "keep_every") if options.get(k) is not None})
     for field_name, value in sizes.items():
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             refuse(field_name, f"must be a positive whole number, got {value!r}")

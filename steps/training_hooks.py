@@ -180,6 +180,8 @@ class MetricsCheckpointer(Checkpointer):
     """
 
     metrics_path: str
+    retention: dict[str, Any] | None = None
+    """`prune_checkpoints` arguments (interval, keep, keep_every, final_step); None keeps all."""
 
     def save_checkpoint(
         self, tree: Any, step: int, destination: str, commit_callback: Any = None, **kwargs: Any
@@ -193,8 +195,23 @@ class MetricsCheckpointer(Checkpointer):
                 logger.warning("could not upload metrics after the checkpoint at step %s: %s", step, e)
             if commit_callback is not None:
                 commit_callback()
+            self._prune(kwargs.get("base_path_override") or self.base_path)
 
         return super().save_checkpoint(tree, step, destination, committed, **kwargs)
+
+    def _prune(self, root: str) -> None:
+        """Apply the retention policy under `root` once a checkpoint has committed (one host)."""
+        if not self.retention or jax.process_index() != 0:
+            return
+        from steps.checkpoints import prune_checkpoints
+
+        try:
+            deleted = prune_checkpoints(root, **self.retention)
+        except Exception as e:  # retention must never fail training; the next save tries again
+            logger.warning("could not delete old checkpoints under %s: %s", root, e)
+            return
+        if deleted:
+            logger.info("retention: deleted the checkpoints of steps %s", deleted)
 
 
 @dataclasses.dataclass
@@ -203,6 +220,8 @@ class MetricsCheckpointerConfig(CheckpointerConfig):
 
     metrics_path: str = "metrics.jsonl"
     """The local file the metrics tracker appends to (published only if it has a running uploader)."""
+    retention: dict[str, Any] | None = None
+    """See `MetricsCheckpointer.retention`."""
 
     def create(self, run_id: Any) -> Checkpointer:
         checkpointer = super().create(run_id)
@@ -210,6 +229,7 @@ class MetricsCheckpointerConfig(CheckpointerConfig):
         # only the class changes, so that save_checkpoint publishes first.
         checkpointer.__class__ = MetricsCheckpointer
         checkpointer.metrics_path = self.metrics_path  # type: ignore[attr-defined]
+        checkpointer.retention = self.retention  # type: ignore[attr-defined]
         return checkpointer
 
 

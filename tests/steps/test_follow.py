@@ -161,3 +161,43 @@ def test_a_checkpoint_the_training_does_not_keep_is_refused():
         match=r"field `checkpoint_step`: .* every 10 steps and at its final step 39; step 15",
     ):
         evaluate_step("e", train=train, data=train, seq_len=64, checkpoint_step=15)
+
+
+def test_retention_keeps_the_newest_the_every_nth_and_the_final_checkpoint(tmp_path):
+    from steps.checkpoints import complete_checkpoints, prune_checkpoints, retained_steps
+
+    root = tmp_path / "train" / "checkpoints"
+    for step in (10, 20, 30, 40, 50, 55, 59):  # 55: a time-based checkpoint, Levanter's to delete
+        path = root / f"step-{step}"
+        path.mkdir(parents=True)
+        (path / "metadata.json").write_text(json.dumps({"step": step}))
+    deleted = prune_checkpoints(str(root), interval=10, keep=2, keep_every=30, final_step=59)
+    assert deleted == [10, 20]
+    assert sorted(complete_checkpoints(str(root))) == [30, 40, 50, 55, 59]
+    assert retained_steps(59, 10, 2, 30) == {30, 40, 50, 59}
+    assert retained_steps(59, 10, None, None) is None
+
+
+def test_an_evaluation_of_a_checkpoint_retention_deletes_is_refused():
+    from steps.evaluate import evaluate_step
+
+    data = Step("mixture/x", write_value, WriteConfig(this_output()))
+    train = train_moe_step(
+        "train/x",
+        data=data,
+        model=TINY_MOE,
+        batch_size=8,
+        seq_len=64,
+        num_steps=40,
+        checkpoint_interval=10,
+        keep_checkpoints=1,
+    )
+    assert evaluate_step("e", train=train, data=data, seq_len=64, checkpoint_step=30)
+    with pytest.raises(
+        StepDeclarationError, match=r"field `checkpoint_step`: .*deletes the checkpoint of step 20"
+    ):
+        evaluate_step("e", train=train, data=data, seq_len=64, checkpoint_step=20)
+    with pytest.raises(
+        StepDeclarationError, match=r"field `follow`: the training deletes all but its newest 1"
+    ):
+        evaluate_step("e", train=train, data=data, seq_len=64, follow=True)

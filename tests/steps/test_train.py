@@ -169,3 +169,16 @@ def test_force_retrains_from_step_zero_and_evaluates_again(tmp_path):
     assert steps_logged == list(range(2, 20))  # one fresh run's lines, not two runs' appended
     successes = [line for line in (evaluation / ".status").read_text().splitlines() if '"SUCCESS"' in line]
     assert len(successes) == 2
+
+
+def test_retention_deletes_old_checkpoints_as_training_goes(tmp_path):
+    exp = experiment(tmp_path, dict(QWEN), dict(name="adamw", learning_rate=3e-3), steps=40)
+    exp.write_text(
+        exp.read_text().replace("router_stats_interval=5)", "router_stats_interval=5, keep_checkpoints=1)")
+    )
+    train_and_evaluate(exp, tmp_path / "prefix")
+    train = step_dir(tmp_path / "prefix", "train/test")
+    kept = sorted(int(p.name[5:]) for p in (train / "checkpoints").glob("step-*"))
+    assert kept == [30, 39]  # the newest interval checkpoint and the final one
+    evaluation = json.loads((step_dir(tmp_path / "prefix", "evaluate/test") / "results.json").read_text())
+    assert evaluation["checkpoint_step"] == 39
