@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rich.console import Console
@@ -45,7 +45,7 @@ def plan_table(plan: Plan, title: str = "Plan", explanations: Mapping[str, str] 
     noun = "step" if len(plan.steps) == 1 else "steps"
     table = Table(title=f"{title} — {len(plan.steps)} {noun} ({counts})", title_justify="left")
     table.add_column("state", no_wrap=True)
-    table.add_column("step", no_wrap=True)
+    table.add_column("step", no_wrap=True, min_width=label_width(plan.steps))
     table.add_column("why")
     table.add_column("output", overflow="fold")
     for sp in plan.steps.values():
@@ -64,7 +64,7 @@ def run_summary(report: RunReport) -> Table:
     summary = ", ".join(f"{n} {s.lower()}" for s, n in counts.items())
     table = Table(title=f"Run — {summary}", title_justify="left")
     table.add_column("state", no_wrap=True)
-    table.add_column("step", no_wrap=True)
+    table.add_column("step", no_wrap=True, min_width=label_width(report.outcomes))
     table.add_column("time", justify="right")
     table.add_column("detail")
     for label, o in report.outcomes.items():
@@ -78,6 +78,12 @@ def run_summary(report: RunReport) -> Table:
         duration = f"{o.duration:.1f}s" if o.duration is not None else ""
         table.add_row(_state(o.state), label, duration, detail)
     return table
+
+
+def label_width(labels: Iterable[str]) -> int:
+    """The width of a table's step column: its longest label (up to 100), so that a narrow terminal
+    squeezes the other columns rather than cutting a step's name short with an ellipsis."""
+    return min(100, max((len(label) for label in labels), default=4))
 
 
 def print_table(table: Table, *, stderr: bool = False) -> None:

@@ -30,6 +30,7 @@ from pipeline.core.dag import Dag
 from pipeline.core.records import Event, StatusEvent
 from pipeline.observe.live import Shown, live_state, runner_gone
 from pipeline.observe.metrics import METRICS_FILE
+from pipeline.observe.render import label_width
 from pipeline.storage.files import map_reads
 from pipeline.storage.step_store import StepStore
 
@@ -275,7 +276,7 @@ def status_table(rows: Sequence[StepStatus], *, now: float, title: str = "Status
     summary = ", ".join(f"{n} {s.lower()}" for s, n in counts.items())
     noun = "step" if len(rows) == 1 else "steps"
     table = Table(title=f"{title} — {len(rows)} {noun} ({summary})", title_justify="left")
-    table.add_column("step", no_wrap=True)
+    table.add_column("step", no_wrap=True, min_width=label_width(row.entry.label for row in rows))
     table.add_column("state", no_wrap=True)
     table.add_column("attempt", justify="right")
     table.add_column("duration", justify="right", no_wrap=True)

@@ -190,3 +190,11 @@ def test_a_watch_of_nothing_gives_up_after_the_wait(tmp_path):
     load = lambda: [StepStatus(entries[0], "NOT STARTED")]  # noqa: E731
     watch(load, console, interval=10.0, title="t", wait_for_start=30, clock=lambda: clock["t"], sleep=sleep)
     assert sleeps == [10.0, 10.0, 10.0]
+
+
+def test_a_narrow_terminal_never_cuts_a_step_name_short():
+    label = "train/scaling/d128-s1600-with-a-long-suffix-0123456789ab"
+    rows = [StepStatus(StepEntry(label, label.rsplit("-", 1)[0], f"/prefix/{label}"), "RUNNING")]
+    console = Console(file=io.StringIO(), width=90, record=True, force_terminal=False)
+    console.print(status_table(rows, now=time.time()))
+    assert label in console.export_text()
