@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from pipeline.core.plan import Plan, State
 
@@ -24,6 +25,8 @@ class StepOutcome:
     error: str | None = None
     traceback: str | None = None
     blocked_by: str | None = None
+    metrics: Mapping[str, Any] | None = None
+    """What the step's `metrics` hook recorded when this run committed it."""
 
     @property
     def duration(self) -> float | None:

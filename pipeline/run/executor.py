@@ -84,6 +84,7 @@ class _Event:
     traceback: str | None = None
     started: float | None = None
     ended: float | None = None
+    metrics: Mapping[str, Any] | None = None
 
 
 def execute(
@@ -178,6 +179,7 @@ class _Execution:
             outcome.ended = event.ended
         if event.kind is Ending.SUCCEEDED:
             outcome.state = State.SUCCEEDED
+            outcome.metrics = event.metrics
             self.report(label, "SUCCEEDED", _seconds(outcome.duration))
             self.state.mark_succeeded(label)
         elif event.kind is Ending.DONE_ELSEWHERE:
@@ -374,7 +376,7 @@ class _Execution:
             data["metrics"] = dict(metrics)  # compared across runs (pipeline.observe.compare)
         if not self.store.commit(step_dir, self.owner, token, data=data):
             return _Event(label, Ending.LOST, "lease lost before commit; result discarded", started=started)
-        return _Event(label, Ending.SUCCEEDED, started=started, ended=ended)
+        return _Event(label, Ending.SUCCEEDED, started=started, ended=ended, metrics=data.get("metrics"))
 
 
 def _lease_poll(options: ExecutionOptions) -> float:

@@ -107,4 +107,5 @@ def _outcome(label: str, planned: str, report: RunReport | None) -> dict[str, An
         "duration": outcome.duration,
         "attempts": outcome.attempts,
         "error": outcome.error,
+        **({"metrics": dict(outcome.metrics)} if outcome.metrics else {}),
     }

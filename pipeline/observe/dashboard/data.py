@@ -28,6 +28,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pipeline.core.drift import MISSING, json_diff
 from pipeline.core.identity import HASH_CHARS
 from pipeline.core.lease import host_id
 from pipeline.core.records import Event, StatusEvent, StepRecord
@@ -96,6 +97,15 @@ def _summary(manifest_id: str, manifest: Mapping[str, Any], run: str | None = No
         for step in manifest.get("steps", [])
         if isinstance(step, Mapping)
     }
+    headline: dict[str, float] = {}
+    for step in manifest.get("steps", []):
+        recorded = step.get("metrics") if isinstance(step, Mapping) else None
+        if isinstance(recorded, Mapping) and recorded:
+            # The training loss if there is one, else the step's first metric.
+            key = "train/loss" if "train/loss" in recorded else next(iter(recorded))
+            value = _number(recorded[key])
+            if value is not None:
+                headline[f"{step.get('name')}: {key}"] = value
     return ExperimentSummary(
         id=manifest_id,
         experiment=str(manifest.get("experiment", manifest_id)),
@@ -108,6 +118,7 @@ def _summary(manifest_id: str, manifest: Mapping[str, Any], run: str | None = No
         counts=counts,
         run=run,
         labels=labels,
+        metrics=headline,
     )
 
 
@@ -160,9 +171,42 @@ def list_experiments(storage: Storage, prefix: str) -> list[ExperimentSummary]:
             changed = tuple(
                 name for name, label in summary.labels.items() if before.labels.get(name) not in (None, label)
             )
-            out[i] = dataclasses.replace(summary, changed=changed)
+            differences = tuple(
+                line
+                for name in changed
+                for line in _versioned_changes(
+                    storage, prefix, name, before.labels[name], summary.labels[name]
+                )
+            )
+            out[i] = dataclasses.replace(summary, changed=changed, differences=differences)
         previous[summary.experiment] = summary
     return sorted(out, key=lambda s: (-(s.started or 0.0), s.id))
+
+
+MAX_DIFFERENCES = 5
+"""Versioned values listed per changed step on the experiment list (the step page has them all)."""
+
+
+def _versioned_changes(storage: Storage, prefix: str, name: str, old: str, new: str) -> list[str]:
+    """`name: path old → new` for the versioned values (not the upstream identities) that differ
+    between two identities of a step, from their `.step.json`; none if either is unreadable."""
+    store = StepStore(storage)
+    try:
+        a, b = (store.read_step_json(step_dir(prefix, label)) for label in (old, new))
+    except Exception:  # a view: a missing or unreadable file just says nothing
+        return []
+    if not isinstance(a, Mapping) or not isinstance(b, Mapping):
+        return []
+    diff = json_diff((a.get("identity") or {}).get("versioned"), (b.get("identity") or {}).get("versioned"))
+    lines = [f"{name}: {path} {_short(x)} → {_short(y)}" for path, x, y in diff[:MAX_DIFFERENCES]]
+    if len(diff) > MAX_DIFFERENCES:
+        lines.append(f"{name}: and {len(diff) - MAX_DIFFERENCES} more")
+    return lines
+
+
+def _short(value: Any) -> str:
+    text = "absent" if value is MISSING else json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def read_run_record(storage: Storage, prefix: str, manifest_id: str, run: str) -> Mapping[str, Any]:

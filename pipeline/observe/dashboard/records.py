@@ -85,6 +85,11 @@ class ExperimentSummary:
     """Steps whose identity differs from the previous run of the same experiment (what it changed)."""
     labels: Mapping[str, str] = field(default_factory=dict)
     """Step name -> label in this run (to compare runs)."""
+    differences: tuple[str, ...] = ()
+    """For the changed steps: the versioned values that differ (`train/x: optimizer.learning_rate
+    0.003 → 0.01`), read from the two `.step.json`s."""
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    """Headline metrics this run recorded (`<step>: <metric>`), e.g. a training's final loss."""
 
 
 @dataclass(frozen=True)

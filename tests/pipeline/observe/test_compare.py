@@ -102,3 +102,20 @@ def test_a_failed_or_unfinished_step_gives_no_row(tmp_path):
     report = run_experiment([bad], ExecutorMainConfig(prefix=root, backend="local", experiment="bad"))
     assert not report.ok
     assert compare_rows(steps_of(root, "bad"), StepStore(open_storage(root))) == []
+
+
+def test_a_run_record_carries_the_metrics_it_recorded(prefix):
+    """The manifest of a run keeps each committed step's metrics: the dashboard lists a training's
+    final loss per run without reading every step."""
+    import json
+
+    storage = open_storage(prefix)
+    (name,) = [n for n in list_manifests(storage, prefix) if n.startswith("one-")]
+    manifest = json.loads(storage.read(f"{manifest_dir(prefix)}/{name}"))
+    recorded = {s["name"]: s.get("metrics") for s in manifest["steps"]}
+    assert recorded["train/lr0"] == {"train/loss": pytest.approx(loss_at(19) * 1.001)}
+    assert recorded["data/corpus"] is None
+    from pipeline.observe.dashboard import data
+
+    (row,) = [r for r in data.list_experiments(storage, prefix) if r.experiment == "one"]
+    assert row.metrics["train/lr0: train/loss"] == pytest.approx(loss_at(19) * 1.001)

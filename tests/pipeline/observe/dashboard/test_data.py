@@ -298,6 +298,8 @@ def test_every_run_keeps_its_history(tmp_path):
     newest, second, first = rows
     assert second.id == first.id and second.run != first.run  # the same DAG, two runs
     assert newest.changed == ("work",) and second.changed == () and first.changed == ()
+    # What distinguishes the newest run: the versioned value that changed.
+    assert newest.differences == ("work: value 1 → 2",)
     # The failed run's own page shows the step as that run left it.
     detail = data.read_experiment(store_of(prefix), prefix, first.id, run=first.run)
     assert [row.state for row in detail.steps] == ["FAILED"]
