@@ -252,3 +252,15 @@ def test_shards_in_parallel_processes_give_the_same_cache(tmp_path, tokenizer_di
     a, b = load_cache(str(tmp_path / "a" / "train")), load_cache(str(tmp_path / "b" / "train"))
     assert len(a) == len(b) == 90
     assert all(list(a[i]["input_ids"]) == list(b[i]["input_ids"]) for i in range(90))
+
+
+def test_the_rate_after_a_resume_counts_only_this_attempts_tokens(monkeypatch):
+    """Shards done by an earlier attempt count in the totals, not in tokens per second."""
+    import steps.tokenize as tokenize_module
+
+    clock = iter([100.0, 101.0])
+    monkeypatch.setattr(tokenize_module.time, "time", lambda: next(clock))
+    bar = tokenize_module._Progress("train", documents=900, tokens=90_000)  # resumed: 9 shards done
+    bar.advance(100, 1_000)  # one second later, this attempt's first shard
+    (task,) = bar._progress.tasks
+    assert task.fields["rate"] == "1,000 tok/s" and task.fields["documents"] == 1_000
