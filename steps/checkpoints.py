@@ -14,6 +14,7 @@ from steps.files import exists, read_json
 
 __all__ = [
     "checkpoint_at",
+    "checkpoint_to_evaluate",
     "checkpoints_dir",
     "complete_checkpoints",
     "kept_steps_of",
@@ -48,6 +49,21 @@ def checkpoint_at(root: str, step: int) -> str | None:
     """The complete checkpoint of `step` under `root`, or None."""
     path = f"{root.rstrip('/')}/step-{step}"
     return path if exists(f"{path}/metadata.json") else None
+
+
+def checkpoint_to_evaluate(train: str, checkpoint_step: int | None) -> tuple[str, int]:
+    """The checkpoint of `checkpoint_step` under training output `train`, else its latest (after
+    the training, its final one) and its step; FileNotFoundError naming the field if there is none."""
+    root = checkpoints_dir(train)
+    if checkpoint_step is not None:
+        path = checkpoint_at(root, checkpoint_step)
+        if path is None:
+            raise FileNotFoundError(f"checkpoint_step {checkpoint_step}: no complete checkpoint under {root}")
+        return path, checkpoint_step
+    found = latest_checkpoint(root)
+    if found is None:
+        raise FileNotFoundError(f"train: the training output {train} has no complete checkpoint under {root}")
+    return found
 
 
 def kept_steps_of(final_step: int, interval: int | None) -> Callable[[int], bool]:

@@ -24,13 +24,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline import Resources, Step, output_of, step_function, this_output, versioned
-from steps.checkpoints import checkpoint_at, checkpoints_dir, latest_checkpoint
 from steps.files import exists, read_json, save_figure, write_json
 from steps.follow import (
     FollowSettings,
     check_checkpoint_step,
     check_follow,
-    follow_checkpoints,
+    evaluate_checkpoints,
     plain,
     training_of,
 )
@@ -107,58 +106,18 @@ def evaluate_step(
     )
 
 
-def _checkpoint(config: EvaluateConfig) -> tuple[str, int]:
-    """The checkpoint to evaluate (a path or URL, like `config.train`) and its step."""
-    root = checkpoints_dir(config.train)
-    if config.checkpoint_step is not None:
-        path = checkpoint_at(root, config.checkpoint_step)
-        if path is None:
-            raise FileNotFoundError(
-                f"checkpoint_step {config.checkpoint_step}: no complete checkpoint at "
-                f"{root}/step-{config.checkpoint_step}"
-            )
-        return path, config.checkpoint_step
-    found = latest_checkpoint(root)
-    if found is None:
-        raise FileNotFoundError(
-            f"train: the training output {config.train} has no complete checkpoint under {root}"
-        )
-    return found
-
-
 def evaluate(config: EvaluateConfig) -> dict[str, Any]:
     """Evaluate a checkpoint (or, following, each one) on every validation set; write results.json,
     loss.png (and, following, results/step-N.json and curves.png)."""
     import_ml(*LEVANTER)
     os.environ.setdefault("MARIN_PREFIX", os.path.join(config.output, ".marin"))
     evaluator = _LossEvaluator(config)
-    waiting = config.checkpoint_step is not None and (
-        checkpoint_at(checkpoints_dir(config.train), config.checkpoint_step) is None
+    result = evaluate_checkpoints(
+        config,
+        evaluator.evaluate,
+        series=lambda r: {name: v["loss"] for name, v in r["validation_sets"].items()},
+        ylabel="eval loss (nats/token)",
     )
-    if config.follow or waiting:
-        # Beside the training: each kept checkpoint (or the one asked for) as it lands.
-        final = config.final_step if config.checkpoint_step is None else config.checkpoint_step
-        assert final is not None
-        done = follow_checkpoints(
-            config.train,
-            config.output,
-            final_step=final,
-            checkpoint_interval=config.checkpoint_interval if config.follow else None,
-            evaluate_one=evaluator.evaluate,
-            series=lambda r: {f"{name} loss": v["loss"] for name, v in r["validation_sets"].items()},
-            ylabel="eval loss (nats/token)",
-            settings=config.follow_settings,
-        )
-        result = dict(done[final])
-        if config.follow:
-            result["curve"] = {
-                str(s): {n: v["loss"] for n, v in r["validation_sets"].items()}
-                for s, r in sorted(done.items())
-            }
-            plot_eval_curves(done, os.path.join(config.output, "curves.png"))
-    else:
-        checkpoint, step = _checkpoint(config)
-        result = evaluator.evaluate(step, checkpoint)
     write_json(os.path.join(config.output, "results.json"), result)
     plot_loss(
         os.path.join(config.train, "metrics.jsonl"),
@@ -249,28 +208,6 @@ class _LossEvaluator:
             "average": average,
             "seconds": time.time() - started,
         }
-
-
-def plot_eval_curves(done: dict[int, dict[str, Any]], png_path: str) -> None:
-    """Eval loss per validation set against the training step, one point per checkpoint."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = sorted(done)
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
-    for name in done[steps[-1]]["validation_sets"]:
-        ax.plot(
-            steps, [done[s]["validation_sets"][name]["loss"] for s in steps], "o-", label=name, markersize=4
-        )
-    ax.set_xlabel("training step")
-    ax.set_ylabel("eval loss (nats/token)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    save_figure(fig, png_path)
-    plt.close(fig)
 
 
 def report(config: EvaluateConfig) -> dict[str, Any] | None:

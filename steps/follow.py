@@ -26,8 +26,14 @@ from typing import Any
 import fsspec
 
 from pipeline import Step, StepDeclarationError, step_state
-from steps.checkpoints import checkpoints_dir, complete_checkpoints, kept_steps_of
-from steps.files import read_json, write_json
+from steps.checkpoints import (
+    checkpoint_at,
+    checkpoint_to_evaluate,
+    checkpoints_dir,
+    complete_checkpoints,
+    kept_steps_of,
+)
+from steps.files import read_json, save_figure, write_json
 
 __all__ = [
     "FollowSettings",
@@ -35,8 +41,10 @@ __all__ = [
     "check_follow",
     "curve",
     "curve_path",
+    "evaluate_checkpoints",
     "follow_checkpoints",
     "plain",
+    "plot_curve",
     "read_step_results",
     "step_result_path",
     "training_of",
@@ -158,6 +166,72 @@ def follow_checkpoints(
                 )
         sleep(settings.poll_seconds)
     return done
+
+
+def evaluate_checkpoints(
+    config: Any,
+    evaluate_one: Callable[[int, str], dict[str, Any]],
+    *,
+    series: Callable[[dict[str, Any]], Mapping[str, float | None]],
+    ylabel: str,
+) -> dict[str, Any]:
+    """What an evaluation step (`evaluate`, `task_eval`) does with the checkpoints of its training.
+
+    `config` has `train`, `output`, `checkpoint_step`, `follow`, `final_step`,
+    `checkpoint_interval` and `follow_settings`. Following, every kept checkpoint is evaluated as
+    it lands and the result of the final one is returned with the whole `curve` (and `curves.png`
+    is drawn); a `checkpoint_step` not there yet is waited for the same way; otherwise the
+    checkpoint there is evaluated (`checkpoint_step`, else the final one).
+    """
+    waiting = config.checkpoint_step is not None and (
+        checkpoint_at(checkpoints_dir(config.train), config.checkpoint_step) is None
+    )
+    if not config.follow and not waiting:
+        checkpoint, step = checkpoint_to_evaluate(config.train, config.checkpoint_step)
+        return evaluate_one(step, checkpoint)
+    # Beside the training: each kept checkpoint (or the one asked for) as it lands.
+    final = config.final_step if config.checkpoint_step is None else config.checkpoint_step
+    done = follow_checkpoints(
+        config.train,
+        config.output,
+        final_step=final,
+        checkpoint_interval=config.checkpoint_interval if config.follow else None,
+        evaluate_one=evaluate_one,
+        series=series,
+        ylabel=ylabel,
+        settings=config.follow_settings,
+    )
+    result = dict(done[final])
+    if config.follow:
+        result["curve"] = {str(s): dict(series(r)) for s, r in sorted(done.items())}
+        chance = {name: entry.get("chance") for name, entry in (result.get("tasks") or {}).items()}
+        plot_curve(curve(done, series, ylabel), f"{config.output.rstrip('/')}/curves.png", chance)
+    return result
+
+
+def plot_curve(
+    drawn: Mapping[str, Any], png_path: str, dashed: Mapping[str, float | None] | None = None
+) -> None:
+    """A `curve()` as a PNG: one line per series against the training step; `dashed` draws a
+    level per series (a task's chance accuracy) in the series' colour."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    for name, values in drawn["series"].items():
+        (line,) = ax.plot(drawn["steps"], values, "o-", label=name, markersize=4)
+        level = (dashed or {}).get(name)
+        if level is not None:
+            ax.axhline(level, linestyle="--", color=line.get_color(), alpha=0.5, linewidth=1)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(drawn["ylabel"] + (" (dashed: chance)" if dashed and any(dashed.values()) else ""))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, png_path)
+    plt.close(fig)
 
 
 # -- declaring a step that evaluates a training ---------------------------------------------------------

@@ -36,14 +36,13 @@ from typing import Any
 import fsspec
 
 from pipeline import Resources, Step, StepDeclarationError, output_of, step_function, this_output, versioned
-from steps.checkpoints import checkpoint_at, checkpoints_dir, latest_checkpoint
 from steps.eval_tasks import EvalTask, check_tasks, lm_eval_spec, resolve_data_path
-from steps.files import exists, read_json, save_figure, write_json, write_text
+from steps.files import exists, read_json, write_json, write_text
 from steps.follow import (
     FollowSettings,
     check_checkpoint_step,
     check_follow,
-    follow_checkpoints,
+    evaluate_checkpoints,
     plain,
     training_of,
 )
@@ -158,29 +157,7 @@ def task_eval(config: TaskEvalConfig) -> dict[str, Any]:
     with _offline(config.datasets_cache), _local_task_files(tasks, config) as files:
         task_dict, chances, names = _build_tasks(tasks, files, config)
         evaluator = _Evaluator(config, task_dict, chances, tasks, names)
-        waiting = config.checkpoint_step is not None and (
-            checkpoint_at(checkpoints_dir(config.train), config.checkpoint_step) is None
-        )
-        if config.follow or waiting:
-            # Beside the training: each kept checkpoint (or the one asked for) as it lands.
-            final = config.final_step if config.checkpoint_step is None else config.checkpoint_step
-            done = follow_checkpoints(
-                config.train,
-                config.output,
-                final_step=final,
-                checkpoint_interval=config.checkpoint_interval if config.follow else None,
-                evaluate_one=evaluator.evaluate,
-                series=_accuracies,
-                ylabel="accuracy",
-                settings=config.follow_settings,
-            )
-            result = dict(done[final])
-            if config.follow:
-                result["curve"] = {str(s): _accuracies(r) for s, r in sorted(done.items())}
-                plot_curves(done, os.path.join(config.output, "curves.png"))
-        else:
-            checkpoint, step = _checkpoint(config)
-            result = evaluator.evaluate(step, checkpoint)
+        result = evaluate_checkpoints(config, evaluator.evaluate, series=_accuracies, ylabel="accuracy")
     samples = evaluator.samples
     write_json(os.path.join(config.output, "results.json"), result)
     if samples is not None:
@@ -188,23 +165,6 @@ def task_eval(config: TaskEvalConfig) -> dict[str, Any]:
             os.path.join(config.output, "samples.jsonl"), "".join(json.dumps(s) + "\n" for s in samples)
         )
     return {"checkpoint_step": result["checkpoint_step"], "tasks": _accuracies(result)}
-
-
-def _checkpoint(config: TaskEvalConfig) -> tuple[str, int]:
-    root = checkpoints_dir(config.train)
-    if config.checkpoint_step is not None:
-        path = checkpoint_at(root, config.checkpoint_step)
-        if path is None:
-            raise FileNotFoundError(
-                f"checkpoint_step {config.checkpoint_step}: no complete checkpoint under {root}"
-            )
-        return path, config.checkpoint_step
-    found = latest_checkpoint(root)
-    if found is None:
-        raise FileNotFoundError(
-            f"train: the training output {config.train} has no complete checkpoint under {root}"
-        )
-    return found
 
 
 @contextmanager
@@ -492,31 +452,6 @@ def _accuracies(result: dict[str, Any]) -> dict[str, float | None]:
             value = next((v for k, v in metrics.items() if "stderr" not in k and isinstance(v, float)), None)
         out[name] = value
     return out
-
-
-def plot_curves(done: dict[int, dict[str, Any]], png_path: str) -> None:
-    """Each task's accuracy against the training step, with its chance level dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = sorted(done)
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
-    names = list(done[steps[-1]]["tasks"])
-    for name in names:
-        values = [_accuracies(done[s]).get(name) for s in steps]
-        (line,) = ax.plot(steps, values, "o-", label=name, markersize=4)
-        chance = done[steps[-1]]["tasks"][name].get("chance")
-        if chance is not None:
-            ax.axhline(chance, linestyle="--", color=line.get_color(), alpha=0.5, linewidth=1)
-    ax.set_xlabel("training step")
-    ax.set_ylabel("accuracy (dashed: chance)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    save_figure(fig, png_path)
-    plt.close(fig)
 
 
 def report(config: TaskEvalConfig) -> dict[str, Any] | None:

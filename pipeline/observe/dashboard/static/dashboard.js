@@ -96,16 +96,7 @@ function drydockCompareChart(canvasId, dataId) {
                       backgroundColor: color, borderWidth: 1.5, borderDash: [5, 4], pointRadius: 3 });
     }
   });
-  return new Chart(document.getElementById(canvasId), {
-    type: "line",
-    data: { datasets: datasets },
-    options: {
-      animation: false, parsing: false, normalized: true, maintainAspectRatio: false,
-      interaction: { mode: "nearest", axis: "x", intersect: false },
-      scales: { x: { type: "linear", title: { display: true, text: "step" } },
-                y: { type: "linear", title: { display: true, text: "loss" } } },
-    },
-  });
+  return drydockLines(canvasId, datasets, "step", "loss");
 }
 
 // An evaluation's curve by checkpoint (a follower's curve.json): one line per series.
@@ -117,14 +108,20 @@ function drydockCurveChart(canvasId, dataId) {
     borderColor: colors[i % colors.length], backgroundColor: colors[i % colors.length],
     borderWidth: 1.5, pointRadius: 3,
   }));
+  return drydockLines(canvasId, datasets, "training step", curve.ylabel);
+}
+
+// A line chart of `datasets` ({x, y} points) with linear axes titled `xTitle` and `yTitle`.
+function drydockLines(canvasId, datasets, xTitle, yTitle) {
   return new Chart(document.getElementById(canvasId), {
     type: "line",
     data: { datasets: datasets },
     options: {
+      // No animation: the chart is complete as soon as the page has loaded (and so is a screenshot).
       animation: false, parsing: false, normalized: true, maintainAspectRatio: false,
       interaction: { mode: "nearest", axis: "x", intersect: false },
-      scales: { x: { type: "linear", title: { display: true, text: "training step" } },
-                y: { type: "linear", title: { display: true, text: curve.ylabel } } },
+      scales: { x: { type: "linear", title: { display: true, text: xTitle } },
+                y: { type: "linear", title: { display: true, text: yTitle } } },
     },
   });
 }
