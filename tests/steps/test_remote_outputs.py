@@ -33,7 +33,8 @@ from pipeline.observe.render import format_preview
 from pipeline.run import step_events
 from pipeline.storage.files import open_storage
 from pipeline.storage.step_store import StepStore
-from steps.evaluate import EvaluateConfig, _checkpoint, plot_loss
+from steps.checkpoints import checkpoint_to_evaluate
+from steps.evaluate import EvaluateConfig, plot_loss
 from steps.evaluate import report as evaluate_report
 from steps.train_moe import _latest_step
 from steps.training_hooks import (
@@ -252,10 +253,10 @@ def test_evaluate_finds_checkpoints_and_writes_its_files_by_url(url, tmp_path):
     save_checkpoint(f"{train}/checkpoints", 2, str(tmp_path / "unused.jsonl"))
     save_checkpoint(f"{train}/checkpoints", 5, str(tmp_path / "unused.jsonl"))
     config = EvaluateConfig(train=train, data=f"{url}/mixture", output=output)
-    assert _checkpoint(config) == (f"{train}/checkpoints/step-5", 5)
-    assert _checkpoint(EvaluateConfig(train=train, data="", output=output, checkpoint_step=2))[1] == 2
+    assert checkpoint_to_evaluate(config.train, None) == (f"{train}/checkpoints/step-5", 5)
+    assert checkpoint_to_evaluate(train, 2)[1] == 2
     with pytest.raises(FileNotFoundError, match="checkpoint_step 3: no complete checkpoint"):
-        _checkpoint(EvaluateConfig(train=train, data="", output=output, checkpoint_step=3))
+        checkpoint_to_evaluate(train, 3)
     # Uncompacted lines, as while training runs: the plot merges them per step.
     write_file(
         f"{train}/metrics.jsonl",
