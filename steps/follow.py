@@ -174,14 +174,16 @@ def evaluate_checkpoints(
     *,
     series: Callable[[dict[str, Any]], Mapping[str, float | None]],
     ylabel: str,
+    levels: Callable[[dict[str, Any]], Mapping[str, float | None]] | None = None,
 ) -> dict[str, Any]:
     """What an evaluation step (`evaluate`, `task_eval`) does with the checkpoints of its training.
 
     `config` has `train`, `output`, `checkpoint_step`, `follow`, `final_step`,
     `checkpoint_interval` and `follow_settings`. Following, every kept checkpoint is evaluated as
     it lands and the result of the final one is returned with the whole `curve` (and `curves.png`
-    is drawn); a `checkpoint_step` not there yet is waited for the same way; otherwise the
-    checkpoint there is evaluated (`checkpoint_step`, else the final one).
+    is drawn, with the levels `levels(result)` gives dashed, e.g. chance accuracy); a
+    `checkpoint_step` not there yet is waited for the same way; otherwise the checkpoint there is
+    evaluated (`checkpoint_step`, else the final one).
     """
     waiting = config.checkpoint_step is not None and (
         checkpoint_at(checkpoints_dir(config.train), config.checkpoint_step) is None
@@ -204,8 +206,8 @@ def evaluate_checkpoints(
     result = dict(done[final])
     if config.follow:
         result["curve"] = {str(s): dict(series(r)) for s, r in sorted(done.items())}
-        chance = {name: entry.get("chance") for name, entry in (result.get("tasks") or {}).items()}
-        plot_curve(curve(done, series, ylabel), f"{config.output.rstrip('/')}/curves.png", chance)
+        dashed = levels(result) if levels is not None else None
+        plot_curve(curve(done, series, ylabel), f"{config.output.rstrip('/')}/curves.png", dashed)
     return result
 
 

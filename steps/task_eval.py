@@ -157,7 +157,13 @@ def task_eval(config: TaskEvalConfig) -> dict[str, Any]:
     with _offline(config.datasets_cache), _local_task_files(tasks, config) as files:
         task_dict, chances, names = _build_tasks(tasks, files, config)
         evaluator = _Evaluator(config, task_dict, chances, tasks, names)
-        result = evaluate_checkpoints(config, evaluator.evaluate, series=_accuracies, ylabel="accuracy")
+        result = evaluate_checkpoints(
+            config,
+            evaluator.evaluate,
+            series=_accuracies,
+            ylabel="accuracy",
+            levels=lambda r: {name: entry.get("chance") for name, entry in r["tasks"].items()},
+        )
     samples = evaluator.samples
     write_json(os.path.join(config.output, "results.json"), result)
     if samples is not None:

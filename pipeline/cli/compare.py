@@ -32,7 +32,6 @@ from pipeline.observe.compare import (
 )
 from pipeline.run.experiment import prepare
 from pipeline.storage.files import normalize_prefix, open_storage
-from pipeline.storage.layout import STEP_JSON
 from pipeline.storage.manifests import is_manifest, load_manifest
 from pipeline.storage.step_store import StepStore
 
@@ -131,7 +130,7 @@ def _step_dir_steps(path: str) -> tuple[list[CompareStep], StepStore]:
     the rows narrowed to this step; or the step alone if that manifest is gone."""
     path = normalize_prefix(path)
     store = StepStore(open_storage(path))
-    info = store.read_step_json(path) if store.storage.read(f"{path}/{STEP_JSON}") is not None else None
+    info = store.read_step_json(path)
     if not isinstance(info, dict) or "label" not in info:
         raise StepDeclarationError(
             None,
