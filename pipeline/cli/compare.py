@@ -30,6 +30,7 @@ from pipeline.observe.compare import (
     sort_rows,
     table_rows,
 )
+from pipeline.observe.render import label_width
 from pipeline.run.experiment import prepare
 from pipeline.storage.files import normalize_prefix, open_storage
 from pipeline.storage.manifests import is_manifest, load_manifest
@@ -84,12 +85,15 @@ def _compare(argv: list[str]) -> int:
         sys.stdout.write(rows_csv(rows))
     else:
         header, body = table_rows(rows)
-        table = Table(title=f"{len(rows)} runs compared", title_justify="left")
+        noun = "row" if len(rows) == 1 else "rows"
+        table = Table(title=f"{len(rows)} {noun} compared", title_justify="left")
         for i, name in enumerate(header):
-            table.add_column(name, justify="left" if i < 2 else "right")
+            # Run and step names whole (never cut with an ellipsis); long headers fold.
+            width = label_width(row[i] for row in body) if i < 2 else None
+            table.add_column(name, justify="left" if i < 2 else "right", min_width=width, overflow="fold")
         for cells in body:
             table.add_row(*cells)
-        Console(width=None if sys.stdout.isatty() else 250, soft_wrap=False).print(table)
+        Console(width=None if sys.stdout.isatty() else 1000, soft_wrap=False).print(table)
     return 0
 
 
