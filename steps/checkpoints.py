@@ -17,6 +17,7 @@ __all__ = [
     "checkpoint_to_evaluate",
     "checkpoints_dir",
     "complete_checkpoints",
+    "delete_checkpoints",
     "kept_steps_of",
     "latest_checkpoint",
     "load_model",
@@ -134,6 +135,29 @@ def retained_steps(
     steps = [s for s in range(interval, final_step + 1, interval)]
     newest = steps[-keep:] if keep > 0 else []
     return {s for s in [*steps, final_step] if retained(s, newest, final_step, keep_every)}
+
+
+def delete_checkpoints(root: str, *, after: int | None) -> list[int]:
+    """Delete every checkpoint under `root` of a step after `after` (None: all of them), complete
+    or not, newest first, so that an interruption leaves the latest survivor an older one.
+    Returns the steps deleted."""
+    fs, plain = fsspec.core.url_to_fs(root)
+    fs.invalidate_cache()
+    try:
+        entries = fs.ls(plain, detail=False)
+    except FileNotFoundError:
+        return []
+    steps = {}
+    for entry in entries:
+        name = entry.rstrip("/").rsplit("/", 1)[-1]
+        if name.startswith("step-") and name[5:].isdigit() and (after is None or int(name[5:]) > after):
+            steps[int(name[5:])] = entry
+    for step in sorted(steps, reverse=True):
+        metadata = f"{steps[step].rstrip('/')}/metadata.json"
+        if fs.exists(metadata):  # first: a half-deleted checkpoint is never taken for a complete one
+            fs.rm(metadata)
+        fs.rm(steps[step], recursive=True)
+    return sorted(steps)
 
 
 def prune_checkpoints(

@@ -14,13 +14,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from steps.spikes import Rewind, SpikePolicy, Stability
     from steps.train_moe import OptimizerSpec, TrainMoeConfig
 
 __all__ = ["hub_offline", "levanter_optimizer", "levanter_train_config"]
 
 
-def levanter_optimizer(spec: OptimizerSpec) -> Any:
-    """Levanter's optimizer config (AdamW or Muon) with the spec's learning-rate schedule."""
+def levanter_optimizer(
+    spec: OptimizerSpec, stability: Stability | None = None, policy: SpikePolicy | None = None
+) -> Any:
+    """Levanter's optimizer config (AdamW or Muon) with the spec's learning-rate schedule; for
+    AdamW also `stability`'s update clipping and, under the `skip` policy, Levanter's skip-step
+    wrapper (train_moe_step refuses those with Muon, which has neither)."""
     schedule = dict(
         warmup=spec.warmup,
         min_lr_ratio=spec.min_lr_ratio,
@@ -29,13 +34,27 @@ def levanter_optimizer(spec: OptimizerSpec) -> Any:
     )
     if spec.name == "adamw":
         from levanter.optim import AdamConfig
+        from levanter.optim.clip_update_norm import ClipUpdateNormConfig
+        from levanter.optim.skipstep import SkipStepConfig
 
+        extra: dict[str, Any] = {}
+        if stability is not None and stability.update_rms_clipping is not None:
+            extra["update_rms_clipping"] = stability.update_rms_clipping
+        if stability is not None and stability.clip_update_sigma is not None:
+            extra["clip_update_norm"] = ClipUpdateNormConfig(
+                rolling_interval_length=stability.clip_update_window, sigma_factor=stability.clip_update_sigma
+            )
+        if policy is not None and policy.action == "skip":
+            extra["skip_bad_steps"] = SkipStepConfig(
+                rolling_interval_length=policy.skip_window, sigma_factor=policy.skip_sigma
+            )
         return AdamConfig(
             learning_rate=spec.learning_rate,
             beta1=spec.beta1,
             beta2=spec.beta2,
             max_grad_norm=spec.max_grad_norm,
             **schedule,
+            **extra,
         )
     if spec.name == "muon":
         from levanter.optim.muon import MuonConfig
@@ -75,21 +94,29 @@ def levanter_train_config(
     *,
     metrics_path: str | None = None,
     log_dir: str | None = None,
+    rewinds: list[Rewind] | None = None,
 ) -> Any:
     """The `TrainLmConfig` that train_moe hands to Levanter's `train_lm.main` for `config`.
 
     `metrics_path` is the local file the metrics tracker appends to and `log_dir` where Levanter's
     log goes (default: `metrics.jsonl` and `logs/` in the output, which must then be local).
+    `rewinds` (the run's so far) skip their data batches and scale the learning rate.
     """
+    import dataclasses
+    import json
+
     from levanter.callbacks.watch import WatchConfig
     from levanter.main.train_lm import TrainLmConfig
     from levanter.trainer import TrainerConfig
 
+    from steps.spikes import skipped_ranges
     from steps.training_hooks import (
         JsonlTrackerConfig,
         MetricsCheckpointerConfig,
         RouterStatsWatchConfig,
         local_path,
+        scale_learning_rate,
+        skip_batches,
     )
 
     out = config.output
@@ -102,8 +129,7 @@ def levanter_train_config(
     trackers: list[Any] = [
         JsonlTrackerConfig(
             path=metrics_path,
-            spike_factor=config.spike_factor,
-            spike_window=config.spike_window,
+            spike_policy=json.dumps(dataclasses.asdict(config.spike_policy)),
             summary_path=os.path.join(out, "summary.json"),
         )
     ]
@@ -119,11 +145,17 @@ def levanter_train_config(
             seq_len=config.seq_len,
             batch_size=config.batch_size,
         )
+    rewinds = rewinds or []
+    data = skip_batches(data, skipped_ranges(rewinds), config.batch_size)
+    optimizer = levanter_optimizer(config.optimizer, config.stability, config.spike_policy)
+    # Under skip and rewind a NaN/Inf loss is the guard's to handle, not a crash.
+    guarded = config.spike_policy.action != "warn"
     return TrainLmConfig(
         data=data,
         model=model,
         train_seq_len=config.seq_len,
-        optimizer=levanter_optimizer(config.optimizer),
+        optimizer=scale_learning_rate(optimizer, rewinds),
+        z_loss_weight=config.stability.z_loss,
         trainer=TrainerConfig(
             id="train",
             seed=config.seed,
@@ -134,6 +166,8 @@ def levanter_train_config(
             tracker=tuple(trackers) if len(trackers) > 1 else trackers[0],
             log_dir=Path(log_dir or os.path.join(out, "logs")),
             require_accelerator=False,
+            crash_on_nan=not guarded,
+            crash_on_inf=not guarded,
             log_jaxprs=False,
             log_xla_hlo=False,
             watch=watch,

@@ -16,7 +16,7 @@ from typing import Any
 
 import fsspec
 
-from pipeline.observe.metrics import ALIASES, parse_metrics
+from pipeline.observe.metrics import ALIASES, parse_events, parse_metrics
 from steps.files import write_file
 
 logger = logging.getLogger(__name__)
@@ -26,6 +26,7 @@ __all__ = [
     "MetricsUploader",
     "begin_metrics",
     "publish_metrics",
+    "read_events",
     "read_metrics",
     "write_metrics",
 ]
@@ -44,20 +45,36 @@ def read_metrics(path: str, *, up_to: int | None = None) -> list[dict[str, Any]]
         return parse_metrics(f, up_to=up_to)
 
 
+def read_events(path: str) -> list[dict[str, Any]]:
+    """The event lines of `path` (spikes, skipped updates, rewinds), in the order written."""
+    fs, plain = fsspec.core.url_to_fs(path)
+    if not fs.exists(plain):
+        return []
+    with fs.open(plain, "r") as f:
+        return parse_events(f)
+
+
 def write_metrics(path: str, records: list[dict[str, Any]]) -> None:
     """Replace `path` (a path or URL) with `records`, one line each, atomically."""
     write_file(path, "".join(json.dumps(r) + "\n" for r in records).encode())
 
 
-def begin_metrics(path: str, local: str, resumed_from: int | None) -> list[dict[str, Any]]:
+def begin_metrics(
+    path: str, local: str, resumed_from: int | None, rewinds: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
     """Set up the metrics of a training attempt; returns the records kept.
 
     `path` is the output's metrics.jsonl (a path or URL) and `local` the file the tracker appends
     to (the same file, or a scratch copy when `path` is on object storage). Both get the steps up
     to `resumed_from`, the checkpoint the attempt resumes from, read from `path`: the steps after
-    it are computed (and logged) again. A fresh start (`resumed_from` None) keeps nothing.
+    it are computed (and logged) again. A fresh start (`resumed_from` None) keeps nothing. Event
+    lines of the steps kept stay; the rewind events are `rewinds` (the run's rewinds.json is what
+    says which rewinds happened, so a kill between a rewind and its line loses nothing).
     """
     kept = read_metrics(path, up_to=resumed_from) if resumed_from is not None else []
+    if resumed_from is not None:
+        kept += [e for e in read_events(path) if e["event"] != "rewind" and e["step"] <= resumed_from]
+    kept += rewinds or []
     if local != path:
         write_metrics(path, kept)
     write_metrics(local, kept)

@@ -21,8 +21,10 @@ directory) and uploaded whole every `metrics_upload_seconds` and at the end; the
 at the end.
 
 A rerun after a crash or preemption resumes from the latest checkpoint in `checkpoints/` (the
-output directory is the same, since the identity is) and ends at the same step count. A loss
-above `spike_factor` times its recent median is recorded as a WARNING in the step's `.status`.
+output directory is the same, since the identity is) and ends at the same step count. Loss
+spikes and NaN/Inf losses are handled by `spike_policy` (warn, skip the update, or rewind to a
+checkpoint and skip the batches that caused them; `steps.spikes`), each intervention recorded in
+`.status`, `metrics.jsonl`, `train_result.json` and, for rewinds, `rewinds.json`.
 """
 
 from __future__ import annotations
@@ -40,14 +42,35 @@ from typing import Any, Literal, NoReturn
 
 import fsspec
 
-from pipeline import Resources, Step, StepDeclarationError, output_of, step_function, this_output, versioned
+from pipeline import (
+    Resources,
+    Step,
+    StepDeclarationError,
+    output_of,
+    step_events,
+    step_function,
+    this_output,
+    versioned,
+)
 from steps.checkpoints import latest_checkpoint
-from steps.files import exists
+from steps.files import exists, read_text
 from steps.imports import LEVANTER, import_ml
 from steps.levanter_config import hub_offline, levanter_train_config
 from steps.moe import MoeModelConfig, parameter_counts
+from steps.spikes import (
+    REWINDS_FILE,
+    Rewind,
+    RewindNeeded,
+    SpikePolicy,
+    Stability,
+    TrainingDiverged,
+    count_interventions,
+    data_batch,
+    read_rewinds,
+    skipped_ranges,
+)
 
-__all__ = ["OptimizerSpec", "TrainMoeConfig", "train_moe", "train_moe_step"]
+__all__ = ["OptimizerSpec", "SpikePolicy", "Stability", "TrainMoeConfig", "train_moe", "train_moe_step"]
 
 logger = logging.getLogger(__name__)
 
@@ -100,9 +123,11 @@ class TrainMoeConfig:
     max_eval_batches: int | None = 4
     router_stats_interval: int = 10
     """Log router load statistics every this many steps (0: never)."""
-    spike_factor: float | None = 3.0
-    """Warn when the loss exceeds this multiple of its median over the last `spike_window` steps."""
-    spike_window: int = 50
+    spike_policy: SpikePolicy = field(default_factory=SpikePolicy)
+    """What to do about loss spikes and NaN/Inf losses: warn, skip the update, or rewind (see
+    `steps.spikes`). Versioned unless it is `warn`, which changes nothing trained."""
+    stability: Stability = field(default_factory=Stability)
+    """Update clipping and z-loss (AdamW). Versioned unless all off (the default)."""
     hf_export: bool = True
     hub_offline: bool = True
     """Never contact the Hugging Face hub while training. Levanter's HF export looks up the reference
@@ -126,10 +151,14 @@ def train_moe_step(
     num_steps: int,
     seed: int = 0,
     vocab_size: int | None = None,
+    spike_policy: SpikePolicy | None = None,
+    stability: Stability | None = None,
     resources: Resources | None = None,
     **options: Any,
 ) -> Step:
-    """A ready train_moe `Step`: model, optimizer, data, batch, length, steps and seed are versioned.
+    """A ready train_moe `Step`: model, optimizer, data, batch, length, steps and seed are versioned,
+    and so are `spike_policy` (unless it only warns) and `stability` (unless all off): the
+    defaults leave identities as they were before those fields existed.
 
     `options` sets the unversioned fields of `TrainMoeConfig` (checkpointing, evaluation,
     logging): changing them does not rerun training. Mistakes the plan can see (a non-positive
@@ -137,9 +166,10 @@ def train_moe_step(
     mixture, a run longer than the mixture was sized for, a model Levanter cannot build) are a
     `StepDeclarationError` naming the field, before anything runs.
     """
-    check_declaration(
-        name, data, model, optimizer or OptimizerSpec(), batch_size, seq_len, num_steps, options
-    )
+    optimizer = optimizer or OptimizerSpec()
+    policy, stability = spike_policy or SpikePolicy(), stability or Stability()
+    check_declaration(name, data, model, optimizer, batch_size, seq_len, num_steps, options)
+    check_guards(name, optimizer, policy, stability)
     return Step(
         name=name,
         fn=train_moe,
@@ -147,12 +177,14 @@ def train_moe_step(
             data=output_of(data) if isinstance(data, Step) else data,
             output=this_output(),
             model=versioned(model),
-            optimizer=versioned(optimizer or OptimizerSpec()),
+            optimizer=versioned(optimizer),
             batch_size=versioned(batch_size),
             seq_len=versioned(seq_len),
             num_steps=versioned(num_steps),
             seed=versioned(seed),
             vocab_size=vocab_size,
+            spike_policy=versioned(policy) if policy.changes_training else policy,
+            stability=versioned(stability) if stability != Stability() else stability,
             **options,
         ),
         description=f"train {model.family} {name}",
@@ -222,6 +254,32 @@ def check_declaration(
                 f"steps: target_tokens {target:,} / {batch_size * seq_len:,} per step); raise its "
                 "target_tokens or lower num_steps",
             )
+
+
+def check_guards(name: str, optimizer: OptimizerSpec, policy: SpikePolicy, stability: Stability) -> None:
+    """What train_moe_step refuses in `spike_policy` and `stability` before anything runs."""
+    for prefix, value, kind in (("spike_policy", policy, SpikePolicy), ("stability", stability, Stability)):
+        if not isinstance(value, kind):
+            raise StepDeclarationError(name, f"must be a {kind.__name__}, got {value!r}", field=prefix)
+        try:
+            value.check()
+        except ValueError as e:
+            field_name, _, message = str(e).partition(": ")
+            raise StepDeclarationError(name, message, field=f"{prefix}.{field_name}") from None
+    if optimizer.name == "muon":
+        if policy.action == "skip":
+            raise StepDeclarationError(
+                name,
+                "Levanter's Muon has no skip-step wrapper; use 'warn' or 'rewind' with Muon",
+                field="spike_policy.action",
+            )
+        for field_name in ("update_rms_clipping", "clip_update_sigma"):
+            if getattr(stability, field_name) is not None:
+                raise StepDeclarationError(
+                    name,
+                    "Levanter's Muon has no update clipping; use it with AdamW",
+                    field=f"stability.{field_name}",
+                )
 
 
 # -- summaries (no ML imports: used by plans) ----------------------------------------------------------
@@ -315,20 +373,11 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
     _check(config)
     os.environ.setdefault("MARIN_PREFIX", os.path.join(config.output, ".marin"))
     import draccus
-    from levanter.main import train_lm
     from levanter.models.lm_model import LmConfig
 
     from steps.mixture import load_data_config
     from steps.moe import to_levanter
-    from steps.training_hooks import (
-        MetricsUploader,
-        begin_metrics,
-        fix_mixtral_jit_log,
-        local_path,
-        read_metrics,
-        write_file,
-        write_metrics,
-    )
+    from steps.training_hooks import fix_mixtral_jit_log, read_events, write_file
 
     out = config.output
     checkpoints = os.path.join(out, "checkpoints")
@@ -345,19 +394,71 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
         json.dumps(draccus.encode(model, LmConfig), indent=1).encode(),
     )
 
-    _, resumed_from = _latest_step(checkpoints)
-    # On object storage the tracker appends to a scratch copy, which is published as it grows.
+    rewinds_path = os.path.join(out, REWINDS_FILE)
+    rewinds = read_rewinds(read_text(rewinds_path) if exists(rewinds_path) else None)
+    first_resumed_from = None
+    started = time.time()
+    while True:
+        _, resumed_from = _latest_step(checkpoints)
+        if first_resumed_from is None and not rewinds:
+            first_resumed_from = resumed_from
+        try:
+            _train_attempt(config, data, model, resumed_from, rewinds)
+            break
+        except RewindNeeded as e:
+            rewind = _rewind(config, e, rewinds, checkpoints)
+            rewinds.append(rewind)
+            payload = {"rewinds": [r.to_json() for r in rewinds]}
+            write_file(rewinds_path, json.dumps(payload, indent=1).encode())
+            step_events.warn(rewind.describe(), {"rewind": rewind.number, "step": rewind.trigger_step})
+            print(f"train_moe: {rewind.describe()}", flush=True)
+    final, final_step = _latest_step(checkpoints)
+    result = {
+        **summarize(config, vocab),
+        "resumed_from_step": first_resumed_from,
+        "final_checkpoint": final,
+        "final_step": final_step,
+        "wall_seconds": time.time() - started,
+        "interventions": count_interventions(read_events(metrics)),
+    }
+    write_file(os.path.join(out, "train_result.json"), json.dumps(result, indent=1).encode())
+    return result
+
+
+def _train_attempt(
+    config: TrainMoeConfig, data: Any, model: Any, resumed_from: int | None, rewinds: list[Rewind]
+) -> None:
+    """Run Levanter's train_lm from the checkpoint at `resumed_from` (None: from scratch) to the
+    end, or until the spike guard raises `RewindNeeded`."""
+    from levanter.main import train_lm
+
+    from steps.training_hooks import (
+        MetricsUploader,
+        begin_metrics,
+        checkpoint_saved,
+        local_path,
+        read_events,
+        read_metrics,
+        wait_for_checkpoints,
+        write_metrics,
+    )
+
+    out = config.output
+    metrics = os.path.join(out, "metrics.jsonl")
+    # On object storage the tracker appends to a scratch file, which is published as it grows.
     scratch = None if local_path(out) is not None else _scratch_dir()
     appended = metrics if scratch is None else os.path.join(scratch, "metrics.jsonl")
-    begin_metrics(metrics, appended, resumed_from)
+    begin_metrics(metrics, appended, resumed_from, [_rewind_event(r) for r in rewinds])
+    if resumed_from is not None:
+        checkpoint_saved(appended, resumed_from, _checkpoint_time(config.output, resumed_from))
     levanter_config = levanter_train_config(
         config,
         data,
         model,
         metrics_path=appended,
         log_dir=None if scratch is None else os.path.join(scratch, "logs"),
+        rewinds=rewinds,
     )
-    started = time.time()
     uploader = None
     if scratch is not None:
         uploader = MetricsUploader(appended, metrics, config.metrics_upload_seconds, already_published=True)
@@ -370,26 +471,78 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
             else:
                 if resumed_from is not None:
                     print(f"train_moe: resuming from the checkpoint at step {resumed_from}", flush=True)
-                with hub_offline(config.hub_offline):
-                    train_lm.main(levanter_config)
+                try:
+                    with hub_offline(config.hub_offline):
+                        train_lm.main(levanter_config)
+                finally:
+                    # A rewind deletes checkpoints: none may still be being written.
+                    wait_for_checkpoints(appended)
         # One line per step from here on. On object storage, only from the host whose tracker
         # wrote (on a TPU pod the other hosts' copies are stale, and they never uploaded them).
         if uploader is None or uploader.uploads > 0:
-            write_metrics(metrics, read_metrics(appended))
+            write_metrics(metrics, read_metrics(appended) + read_events(appended))
     finally:
         if scratch is not None:
             _upload_logs(os.path.join(scratch, "logs"), os.path.join(out, "logs"))
             shutil.rmtree(scratch, ignore_errors=True)
-    final, final_step = _latest_step(checkpoints)
-    result = {
-        **summarize(config, vocab),
-        "resumed_from_step": resumed_from,
-        "final_checkpoint": final,
-        "final_step": final_step,
-        "wall_seconds": time.time() - started,
-    }
-    write_file(os.path.join(out, "train_result.json"), json.dumps(result, indent=1).encode())
-    return result
+
+
+def _rewind(config: TrainMoeConfig, needed: RewindNeeded, rewinds: list[Rewind], checkpoints: str) -> Rewind:
+    """Decide a rewind and delete the checkpoints it goes back past; raises TrainingDiverged when
+    the policy has no rewinds left."""
+    from steps.checkpoints import complete_checkpoints, delete_checkpoints
+
+    policy = config.spike_policy
+    number = len(rewinds) + 1
+    if len(rewinds) >= policy.max_rewinds:
+        history = "; ".join(r.describe() for r in rewinds) or "none allowed"
+        raise TrainingDiverged(
+            f"{needed.reason} at step {needed.trigger_step} after {len(rewinds)} rewind(s), the most "
+            f"spike_policy.max_rewinds allows ({history})"
+        )
+    ranges = skipped_ranges(rewinds)
+    # A checkpoint of step N holds the state after step N's update, whose loss is the one logged at
+    # step N + 1: a state is known good only if step N + 1 did not spike (a bad update shows in
+    # the next step's loss). Restoring it retrains from step N + 1.
+    before = [step for step in complete_checkpoints(checkpoints) if step + 1 < needed.first_step]
+    restored = max(before) if before else None
+    delete_checkpoints(checkpoints, after=restored)
+    first_batch = data_batch(ranges, needed.first_step)
+    last_batch = data_batch(ranges, needed.trigger_step) + policy.skip_batches
+    # The lower rate applies from the first step trained again.
+    lr_from = 0 if restored is None else restored + 1
+    lr_until = lr_from + policy.lr_steps if policy.lr_steps and policy.lr_factor != 1 else None
+    return Rewind(
+        number=number,
+        trigger_step=needed.trigger_step,
+        first_step=needed.first_step,
+        restored_step=restored,
+        skipped=(first_batch, last_batch),
+        reason=needed.reason,
+        losses={str(k): (v if math.isfinite(v) else repr(v)) for k, v in needed.losses.items()},  # type: ignore[misc]
+        median=needed.median,
+        lr_factor=policy.lr_factor if lr_until is not None else 1.0,
+        lr_from_step=lr_from if lr_until is not None else None,
+        lr_until_step=lr_until,
+        wall_time=time.time(),
+    )
+
+
+def _checkpoint_time(output: str, step: int) -> float:
+    """When the checkpoint of `step` was completed (its metadata.json's modification time)."""
+    try:
+        fs, plain = fsspec.core.url_to_fs(
+            os.path.join(output, "checkpoints", f"step-{step}", "metadata.json")
+        )
+        modified = fs.modified(plain)
+        return modified.timestamp()
+    except (OSError, NotImplementedError, AttributeError):
+        return time.time()
+
+
+def _rewind_event(rewind: Rewind) -> dict[str, Any]:
+    """The metrics.jsonl event line of a rewind."""
+    return {"event": "rewind", "step": rewind.trigger_step, **rewind.to_json(), "message": rewind.describe()}
 
 
 def _scratch_dir() -> str:

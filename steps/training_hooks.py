@@ -9,16 +9,17 @@ only when a probe shows the bug it fixes is present.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import json
 import logging
+import math
 import posixpath
-import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import fsspec
@@ -30,11 +31,20 @@ import levanter.tracker.tracker_fns as tracker_fns
 import numpy as np
 from levanter.callbacks.watch import WatchCallback, WatchConfig
 from levanter.checkpoint import Checkpointer, CheckpointerConfig
+from levanter.data.dataset import AsyncDataset
 from levanter.tracker.tracker import NoopTracker, Tracker, TrackerConfig
 
 from pipeline.run import step_events
 from steps.files import local_path, write_file
-from steps.metrics import MetricsUploader, begin_metrics, publish_metrics, read_metrics, write_metrics
+from steps.metrics import (
+    MetricsUploader,
+    begin_metrics,
+    publish_metrics,
+    read_events,
+    read_metrics,
+    write_metrics,
+)
+from steps.spikes import Rewind, RewindNeeded, SpikeDetector, SpikePolicy, count_interventions, data_batch
 
 logger = logging.getLogger(__name__)
 
@@ -43,16 +53,25 @@ __all__ = [
     "MetricsCheckpointerConfig",
     "MetricsUploader",
     "RouterStatsWatchConfig",
+    "SkippedBatches",
     "begin_metrics",
+    "checkpoint_saved",
     "fix_mixtral_jit_log",
     "jit_log_breaks_grad",
     "local_path",
     "publish_metrics",
+    "read_events",
     "read_metrics",
     "router_stats",
+    "scale_learning_rate",
+    "skip_batches",
+    "wait_for_checkpoints",
     "write_file",
     "write_metrics",
 ]
+
+RATE_WINDOW = 20
+"""Steps the live step rate (and so the estimated time to finish) is measured over."""
 
 # -- metrics.jsonl and the loss-spike guard ---------------------------------------------------------
 
@@ -77,40 +96,26 @@ def _flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-class SpikeGuard:
-    """Flags a loss above `factor` x the median of the last `window` losses."""
-
-    def __init__(self, factor: float, window: int, min_history: int = 10) -> None:
-        self.factor = factor
-        self.min_history = min_history
-        self._recent: deque[float] = deque(maxlen=window)
-
-    def check(self, loss: float) -> float | None:
-        """The recent median if `loss` is a spike, else None. The loss joins the history either way."""
-        spike = None
-        if len(self._recent) >= self.min_history:
-            median = statistics.median(self._recent)
-            if median > 0 and loss > self.factor * median:
-                spike = median
-        self._recent.append(loss)
-        return spike
-
-
 class JsonlTracker(Tracker):
-    """Appends every stepped metrics call to `path` at once, as `{"step": N, ...}`.
+    """Appends every stepped metrics call to `path` at once, as `{"step": N, ...}`, and watches
+    the loss for spikes under a `SpikePolicy`.
 
     A step is logged in several calls; `read_metrics` merges them into one record per step (and
     train_moe compacts the file that way when training ends). Writing at once matters: a record
     held back until the next step would be lost by a kill right after a checkpoint, since the
     resumed run starts at the following step. Values logged inside jit (step=None) arrive while
     the next step runs, so they are held and written with the next stepped call.
+
+    A step whose loss is a spike or NaN/Inf gets `"spike": "spike"|"nan"|"inf"` in its record, a
+    WARNING in the step's `.status` and an event line (`{"event": ..., "step": N, ...}`, which
+    `read_metrics` leaves out and `read_events` returns); so does an optimizer update that
+    Levanter's skip-step wrapper dropped. When the policy says to rewind, `log` raises
+    `RewindNeeded` out of Levanter's training loop, after writing the step's record.
     """
 
     name = "drydock_jsonl"
 
-    def __init__(
-        self, path: str, spike_factor: float | None, spike_window: int, summary_path: str | None = None
-    ) -> None:
+    def __init__(self, path: str, policy: SpikePolicy | None = None, summary_path: str | None = None) -> None:
         local = local_path(path)
         if local is None:
             # Object stores cannot append: train_moe appends to a scratch file and uploads it.
@@ -124,9 +129,14 @@ class JsonlTracker(Tracker):
         self._fs.makedirs(posixpath.dirname(local), exist_ok=True)
         self._lock = threading.Lock()
         self._unstepped: dict[str, Any] = {}
-        self._guard = SpikeGuard(spike_factor, spike_window) if spike_factor else None
+        self._detector = SpikeDetector(policy) if policy is not None else None
         # Captured here, in the step's thread: metrics may later arrive from callback threads.
         self._context = step_events.current()
+        # For the live figures in `.progress`: the counters so far (a resumed attempt starts from
+        # the events its file kept), the recent step rate, the latest throughput.
+        self._events = read_events(local) if self._fs.exists(local) else []
+        self._recent: deque[tuple[int, float]] = deque(maxlen=RATE_WINDOW)
+        self._latest: dict[str, float] = {}
 
     def log_hyperparameters(self, hparams: Mapping[str, Any]) -> None:
         pass
@@ -139,25 +149,87 @@ class JsonlTracker(Tracker):
                 return
             record = {"step": int(step), **self._unstepped, **flat, "wall_time": time.time()}
             self._unstepped = {}
-            with self._fs.open(self.path, "a") as f:
-                f.write(json.dumps(record) + "\n")
-        loss = record.get("train/loss")
+            loss = record.get("train/loss")
+            kind, rewind = "ok", None
+            if self._detector is not None and isinstance(loss, int | float):
+                try:
+                    kind = self._detector.observe(record["step"], float(loss))
+                except RewindNeeded as e:
+                    kind, rewind = e.reason, e
+                if kind != "ok":
+                    record["spike"] = kind
+            self._append(record)
+        if rewind is not None:
+            raise rewind
+        # Notes first: the progress report below counts them.
+        if kind != "ok":
+            self._spiked(record["step"], float(loss), kind)  # type: ignore[arg-type]
+        if record.get("optim/skipped_step") == 1:
+            self._skipped(record)
+        for key, short in (("throughput/tokens_per_second", "tokens_per_second"), ("throughput/mfu", "mfu")):
+            if isinstance(record.get(key), int | float):
+                self._latest[short] = float(record[key])
         if isinstance(loss, int | float):
             # Levanter logs run_progress = step / num_train_steps beside the loss, where `step` is
             # the 0-based index of the step just finished: step + 1 steps are done.
             fraction = record.get("run_progress")
             total = round(record["step"] / fraction) if isinstance(fraction, float) and fraction > 0 else None
             done = record["step"] + 1
-            step_events.progress(done, total, "steps", data={"loss": loss}, context=self._context)
-        if self._guard is not None and isinstance(loss, int | float):
-            median = self._guard.check(float(loss))
-            if median is not None:
-                step_events.warn(
-                    f"loss spike at step {record['step']}: {loss:.4f} is {loss / median:.1f}x the recent "
-                    f"median {median:.4f}",
-                    {"step": record["step"], "loss": loss, "median": median},
-                    context=self._context,
-                )
+            figures = self._figures(done, total, float(loss), record["wall_time"])
+            step_events.progress(done, total, "steps", data=figures, context=self._context)
+
+    def _figures(self, done: int, total: int | None, loss: float, now: float) -> dict[str, Any]:
+        """What `.progress` carries for status and the dashboard (see `docs/observing.md`)."""
+        figures: dict[str, Any] = {"loss": loss if math.isfinite(loss) else repr(loss), **self._latest}
+        self._recent.append((done, now))
+        if len(self._recent) >= 2:
+            (first_done, first_time), (last_done, last_time) = self._recent[0], self._recent[-1]
+            if last_time > first_time:
+                rate = (last_done - first_done) / (last_time - first_time)
+                figures["steps_per_second"] = rate
+                if total is not None and rate > 0:
+                    figures["eta_seconds"] = (total - done) / rate
+        saved = _SAVED.get(self.path)
+        if saved is not None:
+            figures["checkpoint_step"], figures["checkpoint_time"] = saved
+        counts = count_interventions(self._events)
+        figures["interventions"] = {k: v for k, v in counts.items() if v}
+        return figures
+
+    def _append(self, record: dict[str, Any]) -> None:
+        with self._fs.open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def _spiked(self, step: int, loss: float, kind: str) -> None:
+        assert self._detector is not None
+        median = self._detector.median
+        if kind == "spike" and median:
+            ratio = loss / median
+            message = f"loss spike at step {step}: {loss:.4f} is {ratio:.1f}x the recent median {median:.4f}"
+        else:
+            message = f"loss {kind} at step {step}"
+        action = self._detector.policy.action
+        if action == "rewind":
+            message += " (rewinds if it persists)"
+        data = {"step": step, "loss": loss if math.isfinite(loss) else repr(loss), "median": median}
+        with self._lock:
+            self._append({"event": kind, **data, "wall_time": time.time()})
+            self._events.append({"event": kind, **data})
+        step_events.warn(message, data, context=self._context)
+
+    def _skipped(self, record: dict[str, Any]) -> None:
+        step = record["step"]
+        loss = record.get("optim/skip_step/loss")
+        data = {"step": step, "loss": loss, "threshold": record.get("optim/skip_step/loss_threshold")}
+        with self._lock:
+            self._append({"event": "skipped_update", **data, "wall_time": time.time()})
+            self._events.append({"event": "skipped_update", **data})
+        step_events.warn(
+            f"optimizer update of step {step} skipped (loss {loss}, grad norm "
+            f"{record.get('optim/skip_step/grad_norm')})",
+            data,
+            context=self._context,
+        )
 
     def log_summary(self, metrics: Mapping[str, Any]) -> None:
         write_file(self.summary_path, json.dumps(_flatten(metrics), indent=1, default=str).encode())
@@ -186,9 +258,11 @@ class MetricsCheckpointer(Checkpointer):
     def save_checkpoint(
         self, tree: Any, step: int, destination: str, commit_callback: Any = None, **kwargs: Any
     ) -> Any:
+        _CHECKPOINTERS[self.metrics_path] = self
         publish_metrics(self.metrics_path)
 
         def committed() -> None:
+            checkpoint_saved(self.metrics_path, int(step), time.time())
             try:
                 publish_metrics(self.metrics_path)
             except Exception as e:  # the periodic uploads and the final one retry
@@ -212,6 +286,25 @@ class MetricsCheckpointer(Checkpointer):
             return
         if deleted:
             logger.info("retention: deleted the checkpoints of steps %s", deleted)
+
+
+# The checkpointer of each training attempt, by metrics path: a rewind waits for its saves.
+_CHECKPOINTERS: dict[str, Checkpointer] = {}
+# The latest checkpoint saved, (step, time), by metrics path: the tracker reports its age.
+_SAVED: dict[str, tuple[int, float]] = {}
+
+
+def checkpoint_saved(metrics_path: str, step: int, when: float) -> None:
+    """Tell the tracker of `metrics_path` that the checkpoint of `step` is complete as of `when`."""
+    _SAVED[metrics_path] = (step, when)
+
+
+def wait_for_checkpoints(metrics_path: str) -> None:
+    """Wait until the checkpoint saves of the attempt logging to `metrics_path` have finished
+    (a rewind must not delete checkpoints while one is still being written)."""
+    checkpointer = _CHECKPOINTERS.pop(metrics_path, None)
+    if checkpointer is not None:
+        checkpointer.wait_until_finished()
 
 
 @dataclasses.dataclass
@@ -240,15 +333,16 @@ class JsonlTrackerConfig(TrackerConfig):
 
     path: str = "metrics.jsonl"
     """Where lines are appended: a local path (see `MetricsUploader` for object storage)."""
-    spike_factor: float | None = 3.0
-    spike_window: int = 50
+    spike_policy: str | None = None
+    """A `SpikePolicy` as JSON (a string, so that Levanter can log this config); None: no guard."""
     summary_path: str | None = None
     """Where Levanter's run summary goes (a path or URL); None: `summary.json` beside `path`."""
 
     def init(self, run_id: str | None) -> Tracker:
         if jax.process_index() != 0:
             return NoopTracker()
-        return JsonlTracker(self.path, self.spike_factor, self.spike_window, self.summary_path)
+        policy = SpikePolicy(**json.loads(self.spike_policy)) if self.spike_policy else None
+        return JsonlTracker(self.path, policy, self.summary_path)
 
 
 # -- the Mixtral fix ----------------------------------------------------------------------------------
@@ -415,3 +509,76 @@ class RouterStatsWatchConfig(WatchConfig):
             include_histogram=self.include_histograms,
             split_scan_layers=self.split_scan_layers,
         )
+
+
+# -- rewinds: skipped data batches and a lowered learning rate --------------------------------------
+
+
+class SkippedBatches(AsyncDataset):
+    """A training dataset whose batches in `skipped` (inclusive ranges of data batches) are never
+    read: training step `s` gets data batch `spikes.data_batch(skipped, s)`."""
+
+    def __init__(self, inner: AsyncDataset, skipped: list[tuple[int, int]], batch_size: int) -> None:
+        super().__init__()
+        self.inner = inner
+        self.skipped = skipped
+        self.batch_size = batch_size
+        self._count = sum(b - a + 1 for a, b in skipped) * batch_size
+
+    def _index(self, index: int) -> int:
+        step, within = divmod(int(index), self.batch_size)
+        return data_batch(self.skipped, step) * self.batch_size + within
+
+    async def async_len(self) -> int:
+        return max(0, await self.inner.async_len() - self._count)
+
+    def is_finite(self) -> bool:
+        return self.inner.is_finite()
+
+    async def get_batch(self, indices: Sequence[int]) -> Sequence[Any]:
+        return await self.inner.get_batch([self._index(i) for i in indices])
+
+    async def getitem_async(self, index: int) -> Any:
+        return await self.inner.getitem_async(self._index(index))
+
+
+def skip_batches(data: Any, skipped: list[tuple[int, int]], batch_size: int) -> Any:
+    """A copy of the Levanter data config `data` whose training set leaves out `skipped` batches."""
+    if not skipped:
+        return data
+    data = copy.copy(data)
+    train_set = data.train_set
+
+    def skipping_train_set(*args: Any, **kwargs: Any) -> AsyncDataset:
+        return SkippedBatches(train_set(*args, **kwargs), skipped, batch_size)
+
+    object.__setattr__(data, "train_set", skipping_train_set)
+    return data
+
+
+def scale_learning_rate(optimizer: Any, rewinds: Sequence[Rewind]) -> Any:
+    """A copy of the Levanter optimizer config `optimizer` whose schedule is multiplied by
+    `spikes.lr_multiplier(rewinds, step)` (the schedule's count is the optimizer step)."""
+    windows = [
+        (r.lr_from_step, r.lr_until_step, r.lr_factor)
+        for r in rewinds
+        if r.lr_from_step is not None and r.lr_until_step is not None and r.lr_factor != 1
+    ]
+    if not windows:
+        return optimizer
+    optimizer = copy.copy(optimizer)
+    scheduler = optimizer.lr_scheduler
+
+    def scaled_scheduler(num_train_steps: int, override_lr: float | None = None) -> Any:
+        schedule = scheduler(num_train_steps, override_lr=override_lr)
+
+        def scaled(count: Any) -> Any:
+            factor = jnp.ones((), dtype=jnp.float32)
+            for first, until, scale in windows:
+                factor = factor * jnp.where((count >= first) & (count < until), scale, 1.0)
+            return schedule(count) * factor
+
+        return scaled
+
+    object.__setattr__(optimizer, "lr_scheduler", scaled_scheduler)
+    return optimizer

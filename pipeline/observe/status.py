@@ -28,6 +28,7 @@ from rich.text import Text
 
 from pipeline.core.dag import Dag
 from pipeline.core.records import Event, StatusEvent
+from pipeline.observe.figures import figures_text, live_figures
 from pipeline.observe.live import Shown, live_state, runner_gone
 from pipeline.observe.metrics import METRICS_FILE
 from pipeline.observe.render import label_width
@@ -230,7 +231,7 @@ def _bar(fraction: float, width: int = 12) -> str:
     return "█" * filled + "░" * (width - filled)
 
 
-def progress_text(row: StepStatus) -> str:
+def progress_text(row: StepStatus, now: float | None = None) -> str:
     """`120/1,000 steps  loss 3.21` for training, `███░░ 40% 4/10 shards` for other progress."""
     parts = []
     p = row.progress
@@ -253,6 +254,10 @@ def progress_text(row: StepStatus) -> str:
         loss = p["data"]["loss"]
     if loss is not None:
         parts.append(f"loss {loss:.4g}")
+    if now is None:
+        now = p.get("time", 0.0) if p else 0.0
+    figures = live_figures(p, now) if p else {}
+    parts.extend(figures_text(figures, running=running))
     return "  ".join(parts)
 
 
@@ -290,7 +295,7 @@ def status_table(rows: Sequence[StepStatus], *, now: float, title: str = "Status
             "" if row.attempt is None else str(row.attempt),
             _duration(row.duration(now)),
             _last_event_text(row, now),
-            progress_text(row),
+            progress_text(row, now),
             row.entry.output_path,
         )
     return table
@@ -315,6 +320,7 @@ def status_json(rows: Iterable[StepStatus], now: float) -> list[dict[str, Any]]:
                 "progress": dict(row.progress) if row.progress else None,
                 "train_step": row.train_step,
                 "loss": row.loss,
+                "figures": live_figures(row.progress, now) if row.progress else {},
                 "detail": row.detail or None,
             }
         )

@@ -36,6 +36,7 @@ from pipeline.storage.step_store import StepStore
 from steps.checkpoints import checkpoint_to_evaluate
 from steps.evaluate import EvaluateConfig, plot_loss
 from steps.evaluate import report as evaluate_report
+from steps.spikes import SpikePolicy
 from steps.train_moe import _latest_step
 from steps.training_hooks import (
     JsonlTracker,
@@ -202,7 +203,7 @@ def test_tracker_appends_locally_and_warns_and_reports_progress_into_an_s3_step(
     token = store.acquire(step_dir, owner, ttl=60).token
     local = tmp_path / "scratch" / "metrics.jsonl"
     with step_events.bind(step_events.StepContext(step_dir, owner.run_id, token)):
-        tracker = JsonlTracker(str(local), 3.0, 50, summary_path=f"{step_dir}/summary.json")
+        tracker = JsonlTracker(str(local), SpikePolicy(), summary_path=f"{step_dir}/summary.json")
     with MetricsUploader(str(local), f"{step_dir}/metrics.jsonl", interval=3600):
         # As Levanter logs a 12-step run: 0-based step indices, run_progress = step / num_train_steps.
         for step in range(1, 12):
@@ -213,13 +214,14 @@ def test_tracker_appends_locally_and_warns_and_reports_progress_into_an_s3_step(
     assert [e.event for e in events] == [Event.RUNNING, "WARNING"]
     assert events[1].message.startswith("loss spike at step 11: 9.0000 is 4.5x")
     progress = json.loads(cat(f"{step_dir}/.progress"))
-    assert progress["done"] == 12 and progress["total"] == 12 and progress["data"] == {"loss": 9.0}
+    assert progress["done"] == 12 and progress["total"] == 12
+    assert progress["data"]["loss"] == 9.0 and progress["data"]["interventions"] == {"spike_steps": 1}
     assert json.loads(cat(f"{step_dir}/summary.json")) == {"parameter_count": 1234}
 
 
 def test_tracker_refuses_a_path_it_cannot_append_to(url):
     with pytest.raises(ValueError, match="must be a local path"):
-        JsonlTracker(f"{url}/metrics.jsonl", 3.0, 50)
+        JsonlTracker(f"{url}/metrics.jsonl", SpikePolicy())
 
 
 # -- checkpoints on s3 ------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ import json
 import math
 import os
 import re
+import time
 from collections.abc import Mapping
 from typing import Annotated, Any
 
@@ -36,6 +37,7 @@ from fastapi.templating import Jinja2Templates
 from pipeline.errors import StorageError
 from pipeline.observe.dag_render import DagNode, state_color, to_svg
 from pipeline.observe.dashboard import data
+from pipeline.observe.figures import FIGURES, figures_text, live_figures
 from pipeline.observe.render import is_table
 from pipeline.storage.files import Storage, open_storage
 from pipeline.storage.step_store import StepStore
@@ -82,7 +84,11 @@ def _fmt_number(value: Any) -> str:
 
 
 def _fmt_progress(progress: data.Progress | None) -> str:
-    """`45% · 450 of 1000 steps · loss 2.31`; '' for None."""
+    """`45% · 450 of 1000 steps · loss 2.31 · 24.5k tok/s · ETA 3m12s · ckpt 40s ago`; '' for None.
+
+    A training's live figures (`pipeline.observe.figures`) are shown by name; any other number a
+    step reports is shown as `key value`.
+    """
     if progress is None:
         return ""
     done = _fmt_number(progress.done) if progress.done % 1 else str(int(progress.done))
@@ -92,7 +98,17 @@ def _fmt_progress(progress: data.Progress | None) -> str:
         parts.append(f"{done} of {total} {progress.unit}".rstrip())
     else:
         parts.append(f"{done} {progress.unit}".rstrip())
-    parts.extend(f"{key} {_fmt_number(value)}" for key, value in sorted(progress.data.items()))
+    record = {"done": progress.done, "total": progress.total, "unit": progress.unit, "time": progress.time}
+    figures = live_figures({**record, "data": progress.data}, time.time())
+    known = {*FIGURES, "checkpoint_time", "interventions"}
+    if "loss" in figures:
+        parts.append(f"loss {_fmt_number(figures['loss'])}")
+    parts.extend(figures_text(figures))
+    parts.extend(
+        f"{key} {_fmt_number(value)}"
+        for key, value in sorted(progress.data.items())
+        if key not in known and isinstance(value, int | float)
+    )
     return " · ".join(parts)
 
 
@@ -268,6 +284,8 @@ def _step_context(storage: Storage, prefix: str, detail: data.StepDetail) -> dic
             "learning_rate": list(detail.metrics.learning_rate),
             "eval_steps": list(detail.metrics.eval_steps),
             "eval_loss": list(detail.metrics.eval_loss),
+            # Spikes, NaN/Inf losses, skipped updates and rewinds: markers on the loss.
+            "events": [dict(e) for e in detail.metrics.events],
             # While training runs, the x-axis spans the planned steps: how far along it is shows.
             "planned_steps": planned if isinstance(planned, int) else None,
         }

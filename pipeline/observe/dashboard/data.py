@@ -44,7 +44,7 @@ from pipeline.observe.dashboard.records import (
     StepRow,
 )
 from pipeline.observe.live import runner_gone
-from pipeline.observe.metrics import METRICS_FILE, parse_metrics
+from pipeline.observe.metrics import METRICS_FILE, parse_events, parse_metrics
 from pipeline.storage.files import Storage, map_reads
 from pipeline.storage.layout import LOGS_DIR, is_label, is_payload, log_token, step_dir
 from pipeline.storage.manifests import list_manifests, list_run_records, manifest_dir, run_record_dir
@@ -342,7 +342,21 @@ def read_metrics(storage: Storage, directory: str) -> Metrics | None:
         last=ordered[-1] if ordered else {},
         eval_steps=tuple(int(r["step"]) for r in ordered if "eval/loss" in r),
         eval_loss=tuple(_number(r["eval/loss"]) for r in ordered if "eval/loss" in r),
+        events=tuple(_event(e) for e in parse_events(data.splitlines())),
     )
+
+
+def _event(event: Mapping[str, Any]) -> dict[str, Any]:
+    """An event line as the chart and the interventions table show it."""
+    kind = str(event["event"])
+    loss = event.get("loss")
+    if kind == "rewind" and isinstance(event.get("losses"), Mapping):
+        loss = event["losses"].get(str(event["step"]))
+    message = event.get("message")
+    if not isinstance(message, str):
+        shown = _number(loss)
+        message = f"{kind} at step {event['step']}" + (f": loss {shown:.4g}" if shown is not None else "")
+    return {"step": int(event["step"]), "event": kind, "loss": _number(loss), "message": message}
 
 
 def read_results(storage: Storage, directory: str) -> EvalResults | None:

@@ -117,6 +117,9 @@ class Metrics:
     eval_steps: tuple[int, ...] = ()
     eval_loss: tuple[float | None, ...] = ()
     """The evaluations made during training (`eval/loss`), every one (they are few)."""
+    events: tuple[Mapping[str, Any], ...] = ()
+    """Interventions (`{"step", "event", "loss", "message"}`: spikes, NaN/Inf, skipped updates,
+    rewinds), every one; `loss` is None where it was not finite."""
 
 
 @dataclass(frozen=True)

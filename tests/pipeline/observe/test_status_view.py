@@ -108,6 +108,44 @@ def test_progress_and_training_metrics_show_for_the_current_attempt(tmp_path):
     assert row.progress is None and row.attempt == 2
 
 
+def test_a_running_training_shows_its_live_figures_in_the_table_and_the_json(tmp_path):
+    store, me, token, entries = _setup(tmp_path)
+    b = entries[1]
+    context = step_events.StepContext(b.output_path, me.run_id, token)
+    figures = {
+        "loss": 3.5,
+        "tokens_per_second": 24_468.0,
+        "steps_per_second": 2.0,
+        "eta_seconds": 350.0,
+        "checkpoint_step": 250,
+        "checkpoint_time": 1e9 - 120,
+        "interventions": {"spike_steps": 2, "rewinds": 1, "nan_steps": 0},
+    }
+    step_events.progress(300, 1000, "steps", data=figures, context=context, clock=lambda: 1e9)
+    (row,) = [r for r in read_status(entries, store, now=1e9 + 50, local_host=me.host) if r.entry == b]
+    text = progress_text(row, now=1e9 + 50)
+    # The ETA counts down from when the report was written; the checkpoint's age from its time.
+    assert "300/1,000 steps" in text and "24.5k tok/s  ETA 5m00s  ckpt 2m50s ago  2 spikes, 1 rewinds" in text
+    (shown,) = [r for r in status_json([row], now=1e9 + 50)]
+    assert shown["figures"] == {
+        "step": 300,
+        "total": 1000,
+        "loss": 3.5,
+        "tokens_per_second": 24_468.0,
+        "steps_per_second": 2.0,
+        "eta_seconds": 300.0,
+        "checkpoint_step": 250,
+        "checkpoint_age_seconds": 170.0,
+        "interventions": {"spike_steps": 2, "rewinds": 1},
+    }
+    # MFU, where the hardware's peak is known, replaces tokens/s.
+    step_events.progress(
+        400, 1000, "steps", data={**figures, "mfu": 41.5}, context=context, clock=lambda: 1e9 + 60
+    )
+    (row,) = [r for r in read_status(entries, store, now=1e9 + 60, local_host=me.host) if r.entry == b]
+    assert "MFU 41.5%" in progress_text(row, now=1e9 + 60) and "tok/s" not in progress_text(row, now=1e9 + 60)
+
+
 def test_progress_outside_a_step_only_logs(tmp_path, caplog):
     caplog.set_level("INFO", logger="pipeline.run.step_events")
     assert not step_events.progress(5, 10, "shards", clock=lambda: 0.0)

@@ -28,6 +28,16 @@ function drydockLossChart(canvasId, dataId) {
       borderColor: "#c62828", backgroundColor: "#c62828", borderWidth: 1.5, pointRadius: 3, borderDash: [5, 4],
     });
   }
+  if (series.events && series.events.length) {
+    // Interventions: a marker at the step, at its loss (NaN/Inf and unknown losses at the top).
+    const finite = series.loss.filter((v) => v !== null);
+    const top = finite.length ? Math.max(...finite) : 1;
+    datasets.push({
+      label: "interventions", type: "scatter", yAxisID: "y",
+      data: series.events.map((e) => ({ x: e.step, y: e.loss === null ? top : Math.min(e.loss, top), message: e.message })),
+      borderColor: "#6a1b9a", backgroundColor: "#6a1b9a", pointStyle: "triangle", pointRadius: 6,
+    });
+  }
   const scales = {
     x: { type: "linear", title: { display: true, text: "step" } },
     y: { type: "linear", position: "left", title: { display: true, text: "loss" } },
@@ -52,6 +62,7 @@ function drydockLossChart(canvasId, dataId) {
       animation: false, parsing: false, normalized: true, maintainAspectRatio: false,
       interaction: { mode: "nearest", axis: "x", intersect: false },
       scales: scales,
+      plugins: { tooltip: { callbacks: { label: (item) => item.raw.message || `${item.dataset.label}: ${item.formattedValue}` } } },
     },
   });
   const apply = () => {

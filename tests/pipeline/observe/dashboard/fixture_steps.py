@@ -62,8 +62,18 @@ def train_tiny(config: TrainConfig) -> None:
             if step and step % 10 == 0 and step < config.num_steps - 1:  # evaluations during training
                 f.write(json.dumps({"step": step, "eval/loss": loss_at(step) + 0.2}) + "\n")
             log_lines.append(f"step {step}: loss {loss:.4f}")
-            step_events.progress(step + 1, config.num_steps, "steps", {"loss": loss})
+            figures = {
+                "loss": loss,
+                "tokens_per_second": 1000.0 + step,
+                "eta_seconds": config.num_steps - step - 1,
+            }
+            if config.spike_at is not None and step >= config.spike_at:
+                figures["interventions"] = {"spike_steps": 1}
+            step_events.progress(step + 1, config.num_steps, "steps", figures)
             if step == config.spike_at:
+                f.write(
+                    json.dumps({"event": "spike", "step": step, "loss": loss, "median": loss_at(step)}) + "\n"
+                )
                 step_events.warn(f"loss spike at step {step}: {loss:.4f}", {"step": step, "loss": loss})
     with open(os.path.join(config.output, "train_result.json"), "w") as f:
         json.dump({"steps": config.num_steps}, f)

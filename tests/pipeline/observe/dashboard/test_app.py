@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -55,7 +56,19 @@ def test_step_page_shows_config_events_logs_metrics(dashboard, runs):
     assert re.search(r'<pre class="config" id="config">.*&#34;num_steps&#34;: 40', page, re.S)
     assert re.findall(r'<tr class="event" data-event="(\w+)"', page) == ["RUNNING", "WARNING", "SUCCESS"]
     assert "loss spike at step 30" in page
-    assert re.search(r'<dd id="progress">100% · 40 of 40 steps · loss 1\.733 ', page)
+    assert re.search(
+        r'<dd id="progress">100% · 40 of 40 steps · loss 1\.733 · 1\.04k tok/s · ETA 0s · 1 spikes ', page
+    )
+    # The spike is a row of the interventions table and a marker on the loss chart.
+    assert re.search(
+        r'<table class="grid" id="interventions">.*<td>30</td><td>spike</td><td>spike at step 30: loss 7.97',
+        page,
+        re.S,
+    )
+    chart = json.loads(
+        re.search(r'<script type="application/json" id="loss-data">(.*?)</script>', page, re.S)[1]
+    )
+    assert [(e["step"], e["event"]) for e in chart["events"]] == [(30, "spike")]
     assert f'href="/steps/{label}/logs/attempt-1.log"' in page
     assert "train_tiny: done" in page  # the latest log, inline
     assert '<canvas id="loss-chart">' in page and "/static/chart.umd.min.js" in page

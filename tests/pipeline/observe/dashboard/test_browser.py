@@ -90,6 +90,8 @@ def test_dashboard_in_a_browser(dashboard, runs, page, tmp_path):
             for (let i = 3; i < pixels.length; i += 4) if (pixels[i] !== 0) painted++;
             return {
                 labels: chart.data.datasets.map((d) => d.label),
+                markers: chart.data.datasets.filter((d) => d.label === "interventions")
+                    .map((d) => d.data.map((p) => [p.x, p.message])),
                 points: chart.data.datasets[0].data.length,
                 first: chart.data.datasets[0].data[0],
                 laidOut: meta.data.filter((p) => Number.isFinite(p.x) && Number.isFinite(p.y)).length,
@@ -99,7 +101,8 @@ def test_dashboard_in_a_browser(dashboard, runs, page, tmp_path):
             };
         }"""
     )
-    assert chart["labels"] == ["train loss", "eval loss", "learning rate"]
+    assert chart["labels"] == ["train loss", "eval loss", "interventions", "learning rate"]
+    assert chart["markers"] == [[[30, "spike at step 30: loss 7.97"]]]  # the spike, marked where it is
     assert chart["points"] == 40 and chart["laidOut"] == 40
     assert chart["first"] == {"x": 0, "y": 7.5}
     assert chart["yMax"] >= 4 * 2.0  # the spike at step 30 is on the chart
