@@ -224,12 +224,20 @@ class JsonlTracker(Tracker):
         with self._lock:
             self._append({"event": "skipped_update", **data, "wall_time": time.time()})
             self._events.append({"event": "skipped_update", **data})
-        step_events.warn(
-            f"optimizer update of step {step} skipped (loss {loss}, grad norm "
-            f"{record.get('optim/skip_step/grad_norm')})",
-            data,
-            context=self._context,
-        )
+        figures = [
+            f"{name} {value:.4g} (threshold {threshold:.4g})"
+            for name, value, threshold in (
+                ("loss", loss, record.get("optim/skip_step/loss_threshold")),
+                (
+                    "grad norm",
+                    record.get("optim/skip_step/grad_norm"),
+                    record.get("optim/skip_step/grad_norm_threshold"),
+                ),
+            )
+            if isinstance(value, int | float) and isinstance(threshold, int | float)
+        ]
+        message = f"optimizer update of step {step} skipped" + (f": {', '.join(figures)}" if figures else "")
+        step_events.warn(message, data, context=self._context)
 
     def log_summary(self, metrics: Mapping[str, Any]) -> None:
         write_file(self.summary_path, json.dumps(_flatten(metrics), indent=1, default=str).encode())

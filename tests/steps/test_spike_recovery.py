@@ -135,14 +135,16 @@ def check_each_step_once(train: Path) -> None:
 
 @pytest.fixture(scope="module")
 def corrupt_runs(tmp_path_factory) -> dict[str, Path]:
-    """The same recipe trained three ways: without the corrupt window, and with it under `warn`
-    and under `rewind` (a spike is 1.5x the median, 2 in a row rewind, 6 more batches skipped)."""
+    """The same recipe trained four ways: without the corrupt window, and with it under `warn`,
+    `rewind` (a spike is 1.5x the median, 2 in a row rewind, 6 more batches skipped) and `skip`
+    (Levanter's skip-step over a 16-step window)."""
     tmp = tmp_path_factory.mktemp("corrupt")
     runs = {}
     for name, corrupt, policy in (
         ("clean", False, {}),
         ("warn", True, {"action": "warn", "factor": 1.5}),
         ("rewind", True, {"action": "rewind", "factor": 1.5, "patience": 2, "skip_batches": 6}),
+        ("skip", True, {"action": "skip", "factor": 1.5, "skip_window": 16}),
     ):
         prefix = tmp / name
         result = run(write_experiment(tmp, name, corrupt=corrupt, policy=policy), prefix)
@@ -187,6 +189,21 @@ def test_rewind_skips_the_corrupt_window_and_ends_near_the_clean_run(corrupt_run
     assert abs(rewound - clean) / clean < 0.05, (clean, rewound)
     # No step after the rewind read the corrupt component: nothing spiked again.
     assert not [r for r in read_metrics(str(train / "metrics.jsonl")) if r.get("spike")]
+
+
+def test_skip_drops_the_update_of_the_first_corrupt_step(corrupt_runs):
+    train = corrupt_runs["skip"]
+    records = {r["step"]: r for r in read_metrics(str(train / "metrics.jsonl"))}
+    skipped = [s for s, r in records.items() if r.get("optim/skipped_step") == 1]
+    # Levanter's skip-step puts a skipped step's loss into its window too, so the mean and
+    # deviation of the window grow: it drops the first update of a run of bad batches, not all.
+    assert skipped == [60]
+    events = read_events(str(train / "metrics.jsonl"))
+    assert [e["step"] for e in events if e["event"] == "skipped_update"] == [60]
+    assert "optimizer update of step 60 skipped" in (train / ".status").read_text()
+    counters = json.loads((train / "train_result.json").read_text())["interventions"]
+    assert counters["skipped_updates"] == 1 and counters["spike_steps"] >= 1 and counters["rewinds"] == 0
+    check_each_step_once(train)
 
 
 def test_a_nan_loss_rewinds_at_a_lower_learning_rate_and_training_recovers(tmp_path, corrupt_runs):
