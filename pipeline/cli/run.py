@@ -31,8 +31,10 @@ from pipeline.observe.render import format_preview, plan_table, print_table, run
 from pipeline.run.experiment import run_experiment
 from pipeline.run.hooks import step_previews, step_reports
 from pipeline.run.options import parse_options, validate_options
+from pipeline.run.worker import QuietConsole
 from pipeline.step import Step
 from pipeline.storage.files import open_storage
+from pipeline.storage.layout import LOGS_DIR, log_token
 from pipeline.storage.manifests import experiment_name, is_manifest, manifest_path
 
 __all__ = ["executor_main", "plan_command", "rerun_command", "run_command"]
@@ -59,9 +61,7 @@ def executor_main(
     try:
         config = parse_options(args)
         validate_options(config)
-        logging.basicConfig(
-            level=config.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
-        )
+        _console_logging(config.log_level.upper())
         with _sigterm_as_interrupt():
             call = ExperimentCall(list(steps), description, config, source_file)
             code = quiet_broken_pipe(lambda: handler(call))
@@ -124,6 +124,17 @@ def run_manifest(location: str, options: Sequence[str]) -> int:
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     return 0
+
+
+def _console_logging(level: str) -> None:
+    """Drydock's messages on stderr at `level`; what steps running in this process's threads
+    log goes to their attempt logs instead (`--verbose` streams it here too)."""
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and not any(
+            isinstance(f, QuietConsole) for f in handler.filters
+        ):
+            handler.addFilter(QuietConsole())
 
 
 @contextmanager
@@ -200,6 +211,7 @@ def _run_and_print(call: ExperimentCall) -> int:
         print(json.dumps(out, indent=2))
     else:
         print_table(run_summary(result), stderr=True)
+        _print_failures(result)
         _print_results(result, reports, manifest)
     failed = [dag.nodes[label].name for label in result.labels(State.FAILED, State.BLOCKED, State.CANCELLED)]
     if failed:
@@ -208,14 +220,53 @@ def _run_and_print(call: ExperimentCall) -> int:
 
 
 def _print_results(result: RunReport, reports: Mapping[str, Any], manifest: str) -> None:
-    """The end of a run for a human: what each step reports, where its outputs and the manifest are."""
+    """The end of a run for a human: what each step reports, and how to rerun it.
+
+    A report's paths inside the step's own directory are left out here (the dashboard, `drydock
+    status` and `--json` have them): the directory is the step's label under the prefix.
+    """
     dag = result.plan.dag
+    first = True
     for label, report in reports.items():
-        print(f"\n{label}:\n{format_preview(report)}")
-    done = result.labels(State.SUCCEEDED, State.CACHED)
-    if done:
-        print("\noutputs:")
-        width = max(len(dag.nodes[label].name) for label in done)
-        for label in done:
-            print(f"  {dag.nodes[label].name:<{width}}  {dag.nodes[label].output_path}")
-    print(f"\nmanifest: {manifest}\n  rerun it anywhere with: drydock rerun {manifest}")
+        shown = _without_own_paths(report, dag.nodes[label].output_path)
+        if shown:
+            print(("\n" if first else "") + f"{label}:\n{format_preview(shown)}")
+            first = False
+    print(f"{'' if first else chr(10)}outputs under {dag.prefix}/; rerun anywhere: drydock rerun {manifest}")
+
+
+def _without_own_paths(report: Any, output: str) -> Any:
+    """`report` without the entries whose value is a path in `output` (a step's directory)."""
+    if not isinstance(report, Mapping):
+        return report
+    own = output.rstrip("/") + "/"
+    return {k: v for k, v in report.items() if not (isinstance(v, str) and v.startswith(own))}
+
+
+def latest_log(storage: Any, output: str) -> str | None:
+    """The log of the step's latest attempt (the highest token in `.logs/`), or None."""
+    directory = f"{output.rstrip('/')}/{LOGS_DIR}"
+    names = [n for n in storage.listdir(directory) if n.endswith(".log") and log_token(n) is not None]
+    if not names:
+        return None
+    return f"{directory}/{max(names, key=lambda n: (log_token(n), n))}"
+
+
+FAILURE_LINES = 20
+"""Lines of a failed step's log shown on the console."""
+
+
+def _print_failures(result: RunReport, lines: int = FAILURE_LINES) -> None:
+    """For each failed step: the last `lines` lines of its latest attempt's log, and where it is."""
+    dag = result.plan.dag
+    storage = open_storage(dag.prefix)
+    for label in result.labels(State.FAILED):
+        path = latest_log(storage, dag.nodes[label].output_path)
+        if path is None:
+            continue
+        data = storage.read(path) or b""
+        tail = data.decode("utf-8", "replace").rstrip("\n").splitlines()[-lines:]
+        if tail:
+            print(f"\n{label}: the last {len(tail)} lines of {path}", file=sys.stderr)
+            for line in tail:
+                print(f"  {line}", file=sys.stderr)

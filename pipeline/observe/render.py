@@ -59,10 +59,11 @@ def plan_table(plan: Plan, title: str = "Plan", explanations: Mapping[str, str] 
 
 
 def run_summary(report: RunReport) -> Table:
-    """The end-of-run table: final state, duration and error of every step."""
+    """The end-of-run table: final state, duration and error of every step; without borders or a
+    header, one line per step under its title, as the run's own lines look."""
     counts = Counter(o.state.value for o in report.outcomes.values())
     summary = ", ".join(f"{n} {s.lower()}" for s, n in counts.items())
-    table = Table(title=f"Run — {summary}", title_justify="left")
+    table = Table(title=f"Run — {summary}", title_justify="left", box=None, show_header=False, pad_edge=False)
     table.add_column("state", no_wrap=True)
     table.add_column("step", no_wrap=True, min_width=label_width(report.outcomes))
     table.add_column("time", justify="right")
@@ -72,7 +73,8 @@ def run_summary(report: RunReport) -> Table:
         if o.blocked_by:
             detail = f"blocked by {report.plan.dag.nodes[o.blocked_by].name}"
         elif o.state in (State.CACHED, State.SKIPPED):
-            detail = report.plan.steps[label].reason
+            reason = report.plan.steps[label].reason
+            detail = "" if reason == o.state.value.lower() else reason  # "CACHED  cached" says it twice
         elif o.state == State.CANCELLED:
             detail = "interrupted" if o.started is not None else "not started (run interrupted)"
         duration = f"{o.duration:.1f}s" if o.duration is not None else ""

@@ -27,8 +27,8 @@ from rich.table import Table
 from rich.text import Text
 
 from pipeline.core.dag import Dag
+from pipeline.core.figures import figures_text, live_figures
 from pipeline.core.records import Event, StatusEvent
-from pipeline.observe.figures import figures_text, live_figures
 from pipeline.observe.live import Shown, live_state, runner_gone
 from pipeline.observe.metrics import METRICS_FILE
 from pipeline.observe.render import label_width
@@ -179,7 +179,7 @@ def _metrics_tail(store: StepStore, step_dir: str) -> tuple[int | None, float | 
             record = json.loads(line)
         except ValueError:
             continue  # a line being written, or cut
-        if not isinstance(record, dict):
+        if not isinstance(record, dict) or "event" in record:  # an intervention, not a step's metrics
             continue
         if step is None and isinstance(record.get("step"), int):
             step = record["step"]

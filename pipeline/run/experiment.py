@@ -10,6 +10,7 @@ point an experiment file calls.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import sys
@@ -25,6 +26,7 @@ from pipeline.core.plan import Plan, State, make_plan
 from pipeline.core.records import StepRecord
 from pipeline.core.report import RunReport
 from pipeline.run.backends import make_backend
+from pipeline.run.console import RunConsole
 from pipeline.run.executor import ExecutionOptions, Reporter, execute
 from pipeline.run.manifest import ManifestBuilder
 from pipeline.run.options import ExecutorMainConfig, resolve_prefix, validate_options
@@ -163,11 +165,19 @@ def run_experiment(
     try:
         # Progress lines are INFO: a run with --log_level WARNING (or quieter) prints none.
         quiet = logging.getLevelName(config.log_level.upper()) > logging.INFO
+        active = plan.in_state(State.RUN, State.WAIT)
+        console = None
+        if emit is None and not quiet and needs_backend:
+            paths = {label: dag.nodes[label].output_path for label in active}
+            console = RunConsole(store.storage, paths, owner.run_id)
+            emit = console.line
         emit = emit or (_silent if quiet else stderr_line)
-        if needs_backend:  # from now on a second terminal can follow this run by its manifest
+        if needs_backend:  # where steps run; from now on a second terminal can follow the run
+            emit(backend.describe())
             emit(f"manifest {path}; follow it with: drydock status {path} --watch")
-        reporter = Reporter(emit, total=len(plan.in_state(State.RUN, State.WAIT)))
-        report = execute(plan, store, backend, owner, options, reporter)
+        reporter = Reporter(emit, total=len(active), observe=console.state if console else None)
+        with console or contextlib.nullcontext():
+            report = execute(plan, store, backend, owner, options, reporter)
     finally:
         backend.close()
         gc.unfreeze()

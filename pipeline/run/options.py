@@ -79,6 +79,9 @@ class ExecutorMainConfig:
     """Experiment name for the manifest (default: the experiment file's name)."""
     log_level: str = "INFO"
     """Logging level of Drydock's own messages on stderr: DEBUG, INFO, WARNING, ERROR or CRITICAL."""
+    verbose: bool = False
+    """Stream the steps' own output (Levanter, JAX, Ray, tqdm) to the console as well; without it,
+    that goes only to each attempt's log, `<step>/.logs/attempt-<token>.log`."""
 
     def __post_init__(self) -> None:
         # One place holds the address: `--ray_address` (and `ray_address=`) fill `ray.address`.
@@ -122,7 +125,7 @@ def validate_options(config: ExecutorMainConfig) -> None:
         )
 
 
-_BOOL_FLAGS = ("--dry_run", "--json")
+_BOOL_FLAGS = ("--dry_run", "--json", "--verbose")
 
 
 def normalize_argv(argv: Sequence[str]) -> list[str]:

@@ -27,6 +27,7 @@ class Reporter:
 
     With `total` (the steps this run will run or wait for), a step's final line carries the
     run's count so far, `SUCCEEDED  [3/12] train/x-...  41.20s`: progress without extra lines.
+    `observe(label, what)` is told every state change (`pipeline.run.console` follows them).
     """
 
     FINAL = frozenset({"SUCCEEDED", "FAILED", "BLOCKED", "CANCELLED"})
@@ -40,8 +41,10 @@ class Reporter:
         *,
         summary_interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        observe: Callable[[str, str], None] | None = None,
     ) -> None:
         self._emit = emit or (lambda line: logger.info("%s", line))
+        self._observe = observe
         self._total = total
         self._summarize = total is not None and total > SUMMARIZE_ABOVE
         self._interval = summary_interval
@@ -52,6 +55,8 @@ class Reporter:
         self._lock = threading.Lock()  # attempts report RUNNING from worker threads
 
     def __call__(self, label: str, what: str, detail: str = "") -> None:
+        if self._observe is not None:  # the live display follows which steps run
+            self._observe(label, what)
         count = ""
         with self._lock:
             # A failure that will be retried is not final; its line says "retrying".

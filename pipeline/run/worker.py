@@ -33,7 +33,7 @@ from pipeline.run import step_events
 from pipeline.run.fence import Fence, LeaseExpired, fenced_process, fenced_thread, watch_lease
 from pipeline.run.step_events import StepContext
 
-__all__ = ["Placement", "call_step", "lease_fence"]
+__all__ = ["Placement", "QuietConsole", "call_step", "lease_fence"]
 
 
 class Placement(enum.Enum):
@@ -53,11 +53,21 @@ def call_step(
     placement: Placement,
     fence: Fence | None = None,
     log_path: str | None = None,
+    echo: bool = True,
 ) -> None:
-    """Call `fn(config)` as an attempt of the step in `context` (see the module docstring)."""
+    """Call `fn(config)` as an attempt of the step in `context` (see the module docstring).
+
+    With `log_path`, the attempt's output is copied there; in a thread (`Placement.THREAD`) only
+    what the step's own thread writes and logs, and it reaches the console only with `echo`.
+    """
     fenced = fenced_process if placement is Placement.PROCESS else fenced_thread
+    capture: Any = contextlib.nullcontext()
+    if log_path and placement is Placement.PROCESS:
+        capture = _captured(log_path, fence)
+    elif log_path:
+        capture = _captured_thread(log_path, fence, echo)
     with (
-        _captured(log_path, fence) if log_path else contextlib.nullcontext(),
+        capture,
         step_events.bind(context),
         # Innermost: the log's local temporary file is made and removed outside the fence, and
         # the log copy checks the fence itself.
@@ -181,6 +191,145 @@ def _captured(
             for tee in tees:
                 tee.release()
             root.removeHandler(handler)
+            sync.stop()
+            try:
+                sync.write()
+            except (Exception, LeaseExpired) as e:  # a log copy must never change how the step ends
+                print(f"drydock: could not save the step log to {log_path}: {e}", file=sys.stderr)
+
+
+class _ThreadRouter(io.TextIOBase):
+    """`sys.stdout` or `sys.stderr` of a process whose steps run in threads (the local backend):
+    what a step's threads write goes to its attempt's log (and to the real stream only when the
+    run is verbose); every other thread writes to the real stream. A step's threads are its own
+    and those it starts, and those they start (`_inherit_routes`): a checkpoint writer, a data
+    loader. Pools started before the step are not its own."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.routes: dict[int, tuple[Any, bool]] = {}
+
+    def write(self, text: str) -> int:
+        route = self.routes.get(threading.get_ident())
+        if route is None:
+            return self.real.write(text)
+        log, echo = route
+        log.write(text)
+        if echo:
+            self.real.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        self.real.flush()
+
+    def fileno(self) -> int:
+        return self.real.fileno()
+
+    def isatty(self) -> bool:
+        route = self.routes.get(threading.get_ident())
+        return self.real.isatty() if route is None else False
+
+
+class _ThreadLogs(logging.Handler):
+    """Writes the log records of each step thread to its attempt's log."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.routes: dict[int, Any] = {}
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        log = self.routes.get(record.thread or 0)
+        if log is not None:
+            # ValueError: the attempt ended while a straggling record was being written.
+            with contextlib.suppress(ValueError):
+                log.write(self.format(record) + "\n")
+
+
+class QuietConsole(logging.Filter):
+    """On the console handler: leaves out what step threads log (it is in their attempt logs),
+    unless the run is verbose."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread not in _THREAD_LOGS.routes or _ECHO.get(record.thread or 0, False)
+
+
+_ROUTING_LOCK = threading.Lock()
+_THREAD_LOGS = _ThreadLogs()
+_ECHO: dict[int, bool] = {}
+_ORIGINAL_START = threading.Thread.start
+
+
+def _bind(ident: int, route: tuple[Any, bool] | None) -> None:
+    """Send what thread `ident` writes and logs to `route` (an attempt's log, echo), or nowhere
+    special (None)."""
+    with _ROUTING_LOCK:
+        for stream in (sys.stdout, sys.stderr):
+            if isinstance(stream, _ThreadRouter):
+                if route is None:
+                    stream.routes.pop(ident, None)
+                else:
+                    stream.routes[ident] = route
+        if route is None:
+            _THREAD_LOGS.routes.pop(ident, None)
+            _ECHO.pop(ident, None)
+        else:
+            _THREAD_LOGS.routes[ident] = route[0]
+            _ECHO[ident] = route[1]
+
+
+def _inherit_routes(self: threading.Thread) -> None:
+    """`threading.Thread.start`, for a thread started by a routed thread: routed the same way."""
+    router = sys.stderr
+    route = router.routes.get(threading.get_ident()) if isinstance(router, _ThreadRouter) else None
+    if route is not None:
+        run = self.run
+
+        def routed_run() -> None:
+            _bind(threading.get_ident(), route)
+            try:
+                run()
+            finally:
+                _bind(threading.get_ident(), None)
+
+        self.run = routed_run  # type: ignore[method-assign]
+    _ORIGINAL_START(self)
+
+
+def _routers() -> tuple[_ThreadRouter, _ThreadRouter]:
+    """The process's stdout and stderr routers, installed on first use (and again if something,
+    such as a test harness, replaced them since)."""
+    with _ROUTING_LOCK:
+        if not isinstance(sys.stdout, _ThreadRouter):
+            sys.stdout = _ThreadRouter(sys.stdout)
+        if not isinstance(sys.stderr, _ThreadRouter):
+            sys.stderr = _ThreadRouter(sys.stderr)
+        root = logging.getLogger()
+        if _THREAD_LOGS not in root.handlers:
+            root.addHandler(_THREAD_LOGS)
+        threading.Thread.start = _inherit_routes  # type: ignore[method-assign]
+        return sys.stdout, sys.stderr  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def _captured_thread(
+    log_path: str, fence: Fence | None = None, echo: bool = True, sync_every: float = LOG_SYNC_SECONDS
+) -> Iterator[None]:
+    """`_captured` for a step running in a thread of a process shared with other steps: only
+    this thread's output and log records, through the process's routers."""
+    ident = threading.get_ident()
+    with tempfile.NamedTemporaryFile("w+", suffix=".log") as local:
+        _routers()
+        _bind(ident, (local, echo))
+        sync = _LogSync(local, log_path, fence, sync_every)
+        sync.start()
+        try:
+            yield
+        except BaseException:
+            traceback.print_exc(file=local)
+            raise
+        finally:
+            _bind(ident, None)
             sync.stop()
             try:
                 sync.write()

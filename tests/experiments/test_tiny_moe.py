@@ -33,9 +33,18 @@ def test_tiny_moe_learns_and_a_rerun_does_nothing(tmp_path):
     prefix = tmp_path / "runs"
     first = run(prefix)
     assert first.returncode == 0, first.stderr[-4000:]
-    # The human summary: the evaluation table, the loss plot, the outputs and the manifest.
+    # The human summary: the evaluation table and how to rerun the run.
     assert "validation set" in first.stdout and "bits/byte" in first.stdout, first.stdout
-    assert "loss plot:" in first.stdout and "manifest:" in first.stdout
+    assert "rerun anywhere: drydock rerun" in first.stdout
+    # A quiet console: where steps run first, a line per state change, no library output, no
+    # escape codes (stdout and stderr are pipes here), at most 40 lines in all.
+    console = (first.stderr + first.stdout).splitlines()
+    assert "ray: private local instance (" in console[0], console[0]
+    assert len(console) <= 40, "\n".join(console)
+    assert "\x1b[" not in first.stderr + first.stdout
+    assert not [line for line in console if "levanter" in line or "jax" in line or "it/s]" in line]
+    (log,) = (next(prefix.glob("train/tiny-qwen3-moe-*")) / ".logs").glob("attempt-*.log")
+    assert "levanter" in log.read_text()  # the library output is in the attempt's log
     (train,) = prefix.glob("train/tiny-qwen3-moe-*")
     losses = [r["loss"] for r in read_metrics(str(train / "metrics.jsonl")) if "loss" in r]
     (evaluation,) = prefix.glob("evaluate/tiny-qwen3-moe-*")
@@ -57,6 +66,8 @@ def test_tiny_moe_learns_and_a_rerun_does_nothing(tmp_path):
         if entry["metrics"]["acc"] >= entry["chance"] + 3 * entry["metrics"]["acc_stderr"]
     ]
     assert beaten, scores
+    cached = run(prefix)
+    assert cached.returncode == 0 and len((cached.stderr + cached.stdout).splitlines()) <= 25, cached.stderr
     second = run(prefix, "--json")
     assert second.returncode == 0, second.stderr[-4000:]
     assert {s["state"] for s in json.loads(second.stdout)["steps"]} == {"CACHED"}

@@ -34,10 +34,10 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
+from pipeline.core.figures import FIGURES, figures_text, live_figures
 from pipeline.errors import StorageError
 from pipeline.observe.dag_render import DagNode, state_color, to_svg
 from pipeline.observe.dashboard import data
-from pipeline.observe.figures import FIGURES, figures_text, live_figures
 from pipeline.observe.render import is_table
 from pipeline.storage.files import Storage, open_storage
 from pipeline.storage.step_store import StepStore
@@ -86,7 +86,7 @@ def _fmt_number(value: Any) -> str:
 def _fmt_progress(progress: data.Progress | None) -> str:
     """`45% · 450 of 1000 steps · loss 2.31 · 24.5k tok/s · ETA 3m12s · ckpt 40s ago`; '' for None.
 
-    A training's live figures (`pipeline.observe.figures`) are shown by name; any other number a
+    A training's live figures (`pipeline.core.figures`) are shown by name; any other number a
     step reports is shown as `key value`.
     """
     if progress is None:

@@ -48,4 +48,5 @@ def backend_class(name: str) -> type[Backend]:
 
 def make_backend(name: str, config: Any) -> Backend:
     """The backend `name`, created from its options in `config` (an `ExecutorMainConfig`)."""
-    return backend_class(name).create(getattr(config, REGISTRY[name].options))
+    verbose = bool(getattr(config, "verbose", False))
+    return backend_class(name).create(getattr(config, REGISTRY[name].options), verbose=verbose)

@@ -61,8 +61,9 @@ class Backend(abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    def create(cls, options: Any) -> Backend:
-        """The backend, from its own options (`pipeline.run.options`: `--ray.address`, ...)."""
+    def create(cls, options: Any, *, verbose: bool = False) -> Backend:
+        """The backend, from its own options (`pipeline.run.options`: `--ray.address`, ...);
+        with `verbose`, steps' output is streamed to the console too (`--verbose`)."""
 
     @staticmethod
     def fan_out(fn: Callable[..., T], args: Sequence[tuple[Any, ...]], max_workers: int) -> Iterator[T]:
@@ -83,6 +84,11 @@ class Backend(abc.ABC):
     def default_concurrency(self) -> int:
         """How many steps run at once when `--max_concurrent` is not given."""
         return 8
+
+    def describe(self) -> str:
+        """Where steps run, for the first line of a run: `local threads`, `ray: private local
+        instance (2 CPUs)`, `ray: cluster at HOST:PORT (3 nodes: 96 CPUs, 8 GPUs)`."""
+        return self.name
 
     @abc.abstractmethod
     def run(self, task: StepTask) -> None:

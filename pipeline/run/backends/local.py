@@ -24,6 +24,7 @@ from pipeline.errors import StepCancelled
 from pipeline.run.backends.base import Backend, StepTask
 from pipeline.run.fence import Fence, LeaseExpired
 from pipeline.run.worker import Placement, call_step
+from pipeline.storage.layout import LOGS_DIR, log_name
 
 __all__ = ["LocalBackend"]
 
@@ -42,15 +43,19 @@ class LocalBackend(Backend):
     name = "local"
 
     @classmethod
-    def create(cls, options: Any) -> LocalBackend:
-        return cls()
+    def create(cls, options: Any, *, verbose: bool = False) -> LocalBackend:
+        return cls(verbose=verbose)
 
-    def __init__(self) -> None:
+    def __init__(self, verbose: bool = False) -> None:
+        self.verbose = verbose
         self._lock = threading.Lock()
         self._running: dict[str, _Running] = {}
 
     def default_concurrency(self) -> int:
         return max(2, os.cpu_count() or 2)
+
+    def describe(self) -> str:
+        return f"local threads ({os.cpu_count() or 1} CPUs)"
 
     def run(self, task: StepTask) -> None:
         slot = _Running()
@@ -59,7 +64,13 @@ class LocalBackend(Backend):
         def call() -> None:
             try:
                 call_step(
-                    task.fn, task.config, task.context(self.name), placement=Placement.THREAD, fence=fence
+                    task.fn,
+                    task.config,
+                    task.context(self.name),
+                    placement=Placement.THREAD,
+                    fence=fence,
+                    log_path=f"{task.output_path}/{LOGS_DIR}/{log_name(task.token)}",
+                    echo=self.verbose,
                 )
             except BaseException as e:  # reported to the watcher, never lost in a thread
                 slot.error = e

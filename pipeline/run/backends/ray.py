@@ -116,8 +116,8 @@ class RayBackend(Backend):
     name = "ray"
 
     @classmethod
-    def create(cls, options: RayOptions) -> RayBackend:
-        return cls(address=options.address, num_cpus=options.num_cpus)
+    def create(cls, options: RayOptions, *, verbose: bool = False) -> RayBackend:
+        return cls(address=options.address, num_cpus=options.num_cpus, verbose=verbose)
 
     @staticmethod
     def fan_out(fn: Callable[..., T], args: Sequence[tuple[Any, ...]], max_workers: int) -> Iterator[T]:
@@ -131,11 +131,15 @@ class RayBackend(Backend):
             done, pending = ray.wait(pending, num_returns=1)
             yield ray.get(done[0])
 
-    def __init__(self, address: str | None = None, num_cpus: int | None = None) -> None:
+    def __init__(
+        self, address: str | None = None, num_cpus: int | None = None, verbose: bool = False
+    ) -> None:
         address = address or os.environ.get("RAY_ADDRESS") or None
         self._owns_ray = False
+        self._address = address
         if not ray.is_initialized():
-            kwargs: dict[str, Any] = {"log_to_driver": True, "logging_level": logging.WARNING}
+            # Steps' output goes to their attempt logs (`.logs/`); the console gets it with --verbose.
+            kwargs: dict[str, Any] = {"log_to_driver": verbose, "logging_level": logging.WARNING}
             if address:
                 _check_reachable(address)
                 ray.init(address=address, **kwargs)
@@ -161,6 +165,22 @@ class RayBackend(Backend):
     def default_concurrency(self) -> int:
         # Ray queues tasks by resources; this only bounds the driver threads waiting on them.
         return 256
+
+    def describe(self) -> str:
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        totals: dict[str, float] = {}
+        for node in nodes:
+            for key, value in (node.get("Resources") or {}).items():
+                totals[key] = totals.get(key, 0.0) + value
+        parts = [
+            f"{totals.get(k, 0):g} {name}" for k, name in (("CPU", "CPUs"), ("GPU", "GPUs"), ("TPU", "TPUs"))
+        ]
+        parts = [p for p in parts if not p.startswith("0 ")]
+        if not self._owns_ray or self._address:
+            where = self._address or "an existing instance"
+            noun = "node" if len(nodes) == 1 else "nodes"
+            return f"ray: cluster at {where} ({len(nodes)} {noun}: {', '.join(parts)})"
+        return f"ray: private local instance ({', '.join(parts)})"
 
     def validate(self, plan: Plan) -> None:
         """Fail fast, naming the step, if the cluster can never satisfy what a step asks for."""

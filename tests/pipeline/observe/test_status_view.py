@@ -125,7 +125,7 @@ def test_a_running_training_shows_its_live_figures_in_the_table_and_the_json(tmp
     (row,) = [r for r in read_status(entries, store, now=1e9 + 50, local_host=me.host) if r.entry == b]
     text = progress_text(row, now=1e9 + 50)
     # The ETA counts down from when the report was written; the checkpoint's age from its time.
-    assert "300/1,000 steps" in text and "24.5k tok/s  ETA 5m00s  ckpt 2m50s ago  2 spikes, 1 rewinds" in text
+    assert "300/1,000 steps" in text and "24.5k tok/s  ETA 5m00s  ckpt 2m50s ago  2 spikes, 1 rewind" in text
     (shown,) = [r for r in status_json([row], now=1e9 + 50)]
     assert shown["figures"] == {
         "step": 300,

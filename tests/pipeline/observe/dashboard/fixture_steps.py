@@ -77,10 +77,8 @@ def train_tiny(config: TrainConfig) -> None:
                 step_events.warn(f"loss spike at step {step}: {loss:.4f}", {"step": step, "loss": loss})
     with open(os.path.join(config.output, "train_result.json"), "w") as f:
         json.dump({"steps": config.num_steps}, f)
-    # The Ray backend keeps a copy of each attempt's output here; the local backend has no such copy.
-    os.makedirs(os.path.join(config.output, ".logs"), exist_ok=True)
-    with open(os.path.join(config.output, ".logs", f"attempt-{context.token}.log"), "w") as f:
-        f.write("\n".join(log_lines) + "\ntrain_tiny: done\n")
+    # Both backends keep a copy of each attempt's output in .logs/attempt-<token>.log.
+    print("\n".join(log_lines) + "\ntrain_tiny: done", flush=True)
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ def test_step_page_shows_config_events_logs_metrics(dashboard, runs):
     assert re.findall(r'<tr class="event" data-event="(\w+)"', page) == ["RUNNING", "WARNING", "SUCCESS"]
     assert "loss spike at step 30" in page
     assert re.search(
-        r'<dd id="progress">100% · 40 of 40 steps · loss 1\.733 · 1\.04k tok/s · ETA 0s · 1 spikes ', page
+        r'<dd id="progress">100% · 40 of 40 steps · loss 1\.733 · 1\.04k tok/s · ETA 0s · 1 spike ', page
     )
     # The spike is a row of the interventions table and a marker on the loss chart.
     assert re.search(

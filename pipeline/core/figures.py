@@ -17,14 +17,14 @@ FIGURES = ("loss", "tokens_per_second", "mfu", "steps_per_second", "eta_seconds"
 """Numbers a step may report in its `.progress` data, shown when present."""
 
 INTERVENTION_NAMES = {
-    "nan_steps": "NaN",
-    "inf_steps": "Inf",
-    "spike_steps": "spikes",
-    "skipped_updates": "skipped updates",
-    "rewinds": "rewinds",
-    "batches_skipped": "batches skipped",
+    "nan_steps": ("NaN loss", "NaN losses"),
+    "inf_steps": ("Inf loss", "Inf losses"),
+    "spike_steps": ("spike", "spikes"),
+    "skipped_updates": ("skipped update", "skipped updates"),
+    "rewinds": ("rewind", "rewinds"),
+    "batches_skipped": ("batch skipped", "batches skipped"),
 }
-"""How a training's `interventions` counters are named (see `steps.spikes`)."""
+"""How a training's `interventions` counters are named, one and many (see `steps.spikes`)."""
 
 
 def live_figures(progress: Mapping[str, Any], now: float) -> dict[str, Any]:
@@ -71,7 +71,8 @@ def figures_text(figures: Mapping[str, Any], *, running: bool = True) -> list[st
             parts.append(f"ckpt {duration(figures['checkpoint_age_seconds'])} ago")
     counts = figures.get("interventions") or {}
     if counts:
-        parts.append(", ".join(f"{n} {INTERVENTION_NAMES.get(k, k)}" for k, n in counts.items()))
+        names = {k: INTERVENTION_NAMES.get(k, (k, k)) for k in counts}
+        parts.append(", ".join(f"{n} {names[k][0] if n == 1 else names[k][1]}" for k, n in counts.items()))
     return parts
 
 
