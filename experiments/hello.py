@@ -13,7 +13,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from pipeline import Resources, Step, executor_main, output_of, this_output, versioned
+from pipeline import Resources, Step, executor_main, output_of, step_function, this_output, versioned
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,7 @@ class RowsConfig:
     seed: int = 0
 
 
+@step_function
 def write_rows(config: RowsConfig) -> None:
     """Write `n` JSON rows to `rows.jsonl`."""
     os.makedirs(config.output, exist_ok=True)
@@ -38,6 +39,7 @@ class CountConfig:
     output: str
 
 
+@step_function
 def count_rows(config: CountConfig) -> None:
     """Count rows whose value is at least `threshold`."""
     with open(config.rows) as f:
@@ -53,6 +55,7 @@ class SummaryConfig:
     output: str
 
 
+@step_function
 def summarize(config: SummaryConfig) -> None:
     """Gather several count files into one summary."""
     summary = {}

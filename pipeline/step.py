@@ -21,6 +21,7 @@ __all__ = [
     "ThisOutput",
     "Versioned",
     "hooks_of",
+    "is_step_function",
     "output_of",
     "step_function",
     "this_output",
@@ -203,6 +204,11 @@ def step_function(
         return function
 
     return declare(fn) if fn is not None else declare
+
+
+def is_step_function(fn: Any) -> bool:
+    """Whether `fn` was declared with `step_function` (what a shared recipe may run)."""
+    return isinstance(getattr(fn, _HOOKS_ATTRIBUTE, None), StepHooks)
 
 
 def hooks_of(fn: Callable[..., Any]) -> StepHooks:

@@ -23,7 +23,7 @@ from pipeline.run.options import ExecutorMainConfig, parse_options
 from pipeline.step import Step
 from pipeline.storage.manifests import is_manifest
 
-__all__ = ["ExperimentCall", "Loaded", "current_handler", "intercept", "load", "run_file"]
+__all__ = ["ExperimentCall", "Loaded", "current_handler", "intercept", "load", "run_file", "split_source"]
 
 
 @dataclass(frozen=True)
@@ -123,6 +123,28 @@ class Loaded:
     description: str
 
 
+def split_source(options: Sequence[str]) -> tuple[str | None, list[str]]:
+    """`--source FILE` (or `--source=FILE`) taken out of a manifest command's options: the
+    experiment file whose code the user names for the recipe's `__main__` functions."""
+    rest: list[str] = []
+    source = None
+    items = list(options)
+    i = 0
+    while i < len(items):
+        arg = items[i]
+        if arg == "--source":
+            if i + 1 >= len(items):
+                raise StepDeclarationError(None, "needs a file: --source FILE", field="--source")
+            source, i = items[i + 1], i + 2
+            continue
+        if arg.startswith("--source="):
+            source = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+        i += 1
+    return source, rest
+
+
 def load(target: str, options: Sequence[str], body: Callable[[Loaded], int]) -> int:
     """Call `body` with the steps and options of an experiment file or a manifest's recipe.
 
@@ -132,7 +154,8 @@ def load(target: str, options: Sequence[str], body: Callable[[Loaded], int]) -> 
     if is_manifest(target):
         from pipeline.run.recipe import load_recipe, rerun_argv
 
-        manifest, roots = load_recipe(target)
+        source, options = split_source(options)
+        manifest, roots = load_recipe(target, source)
         config = parse_options(rerun_argv(manifest, options))
         return body(Loaded(list(roots), config, manifest.get("description") or ""))
     if not os.path.isfile(target):

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from pipeline.cli.common import quiet_broken_pipe
-from pipeline.cli.loading import ExperimentCall, current_handler, run_file
+from pipeline.cli.loading import ExperimentCall, current_handler, run_file, split_source
 from pipeline.core.plan import Plan, State
 from pipeline.core.report import RunReport
 from pipeline.errors import DrydockError
@@ -107,13 +107,19 @@ def _run_target(command: str, args: Sequence[str], extra: list[str]) -> int:
 
 def run_manifest(location: str, options: Sequence[str]) -> int:
     """Rebuild the DAG recorded in the manifest at `location` and run (or plan) it."""
-    from pipeline.run.recipe import load_recipe, rerun_argv
+    from pipeline.run.recipe import load_recipe, recipe_code, rerun_argv
 
     try:
-        manifest, roots = load_recipe(location)
+        source, options = split_source(options)
+        manifest, roots = load_recipe(location, source)
     except DrydockError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if "--dry_run" in options or any(o.startswith("--dry_run=") for o in options):
+        # A recipe may be someone else's: the plan shows the code it would run.
+        print("code this recipe runs:", file=sys.stderr)
+        for ref, names in recipe_code(manifest).items():
+            print(f"  {ref}  ({', '.join(names)})", file=sys.stderr)
     try:
         executor_main(
             roots,

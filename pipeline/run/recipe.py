@@ -33,13 +33,14 @@ from typing import Any
 
 from pipeline.core.dag import RECIPE_MODULE, Dag
 from pipeline.errors import StepDeclarationError
-from pipeline.step import OutputOf, Resources, Step, ThisOutput, Versioned
+from pipeline.step import OutputOf, Resources, Step, ThisOutput, Versioned, is_step_function
 from pipeline.storage.manifests import load_manifest
 
 __all__ = [
     "RecipeError",
     "encode_step",
     "load_recipe",
+    "recipe_code",
     "recipe_entries",
     "steps_from_manifest",
 ]
@@ -230,10 +231,13 @@ def recipe_entries(dag: Dag, source_file: str | None = None) -> dict[str, dict[s
 
 
 class _Resolver:
-    """Imports `module:qualname` references; `__main__` ones come from the recorded source file."""
+    """Imports `module:qualname` references. `__main__` ones (defined in the experiment file) come
+    from the file the user named (`--source FILE`), never from a file the manifest names: a
+    manifest is data anyone may have edited, and executing a file runs whatever it holds."""
 
-    def __init__(self, source_file: str | None) -> None:
+    def __init__(self, source_file: str | None, named: str | None = None) -> None:
         self.source_file = source_file
+        self.named = named
         self._main: types.SimpleNamespace | None = None
 
     def __call__(self, ref: str, step: str, field: str) -> Any:
@@ -257,15 +261,18 @@ class _Resolver:
 
     def _main_namespace(self, step: str, field: str) -> types.SimpleNamespace:
         if self._main is None:
-            if not self.source_file or not os.path.isfile(self.source_file):
+            if self.named is None:
                 raise RecipeError(
                     step,
-                    f"defined in the experiment file {self.source_file!r}, which is not here; run "
-                    "from a checkout that has it, or move the code into an importable module",
+                    f"is defined in the experiment file {self.source_file!r}, and Drydock does not run a "
+                    "file a manifest names; to run it, name it yourself: --source FILE (or run the "
+                    "file), or move the code into an importable module",
                     field=field,
                 )
+            if not os.path.isfile(self.named):
+                raise RecipeError(step, f"--source {self.named!r} is not a file", field="--source")
             # Not as __main__: the file declares its steps but must not run executor_main.
-            self._main = types.SimpleNamespace(**runpy.run_path(self.source_file, run_name=RECIPE_MODULE))
+            self._main = types.SimpleNamespace(**runpy.run_path(self.named, run_name=RECIPE_MODULE))
         return self._main
 
 
@@ -295,15 +302,27 @@ def decode_value(
         return ThisOutput(data["__this_output__"])
     if "__float__" in data:
         return float(data["__float__"])
+    # Each marker builds only its own kind of class: a manifest naming any other callable (say
+    # `os:system`) is refused before it is called.
     if "__tuple__" in data:
         items = [
             decode_value(v, steps, resolve, step, _join(path, i)) for i, v in enumerate(data["__tuple__"])
         ]
-        return resolve(data["class"], step, path)(*items) if "class" in data else tuple(items)
+        if "class" not in data:
+            return tuple(items)
+        cls = _checked(
+            resolve(data["class"], step, path), data["class"], _is_namedtuple, "a namedtuple", step, path
+        )
+        return cls(*items)
     if "__path__" in data:
-        return resolve(data["class"], step, path)(data["__path__"])
+        cls = _checked(
+            resolve(data["class"], step, path), data["class"], _is_path_class, "a path class", step, path
+        )
+        return cls(str(data["__path__"]))
     if "__enum__" in data:
-        cls = resolve(data["__enum__"], step, path)
+        cls = _checked(
+            resolve(data["__enum__"], step, path), data["__enum__"], _is_enum, "an enum", step, path
+        )
         return cls(decode_value(data["value"], steps, resolve, step, path))
     if "__dataclass__" in data:
         cls = resolve(data["__dataclass__"], step, path)
@@ -319,6 +338,27 @@ def decode_value(
     if "__dict__" in data:
         data = data["__dict__"]
     return {k: decode_value(v, steps, resolve, step, _join(path, k)) for k, v in data.items()}
+
+
+def _is_namedtuple(obj: Any) -> bool:
+    return isinstance(obj, type) and issubclass(obj, tuple) and hasattr(obj, "_fields")
+
+
+def _is_path_class(obj: Any) -> bool:
+    return isinstance(obj, type) and issubclass(obj, PurePath)
+
+
+def _is_enum(obj: Any) -> bool:
+    return isinstance(obj, type) and issubclass(obj, enum.Enum)
+
+
+def _checked(obj: Any, ref: Any, test: Callable[[Any], bool], kind: str, step: str, path: str) -> Any:
+    """`obj` if `test(obj)`, else the RecipeError that names the step, the field and `ref`."""
+    if not test(obj):
+        raise RecipeError(
+            step, f"{ref} is not {kind}; a recipe builds nothing else here", field=path or "config"
+        )
+    return obj
 
 
 def _build_dataclass(cls: type, values: Mapping[str, Any], step: str, path: str) -> Any:
@@ -341,9 +381,18 @@ def _build_dataclass(cls: type, values: Mapping[str, Any], step: str, path: str)
     return obj
 
 
-def steps_from_manifest(manifest: Mapping[str, Any]) -> tuple[list[Step], list[Step]]:
-    """Rebuild every step of a manifest. Returns (all steps in manifest order, the root steps)."""
-    resolve = _Resolver(manifest.get("source_file"))
+def steps_from_manifest(
+    manifest: Mapping[str, Any], source: str | None = None
+) -> tuple[list[Step], list[Step]]:
+    """Rebuild every step of a manifest. Returns (all steps in manifest order, the root steps).
+
+    Only step functions run: a function declared with `step_function`, or one defined in the
+    experiment file, which must be named by the user (`source`); anything else is a
+    `RecipeError` before any step is rebuilt.
+    """
+    resolve = _Resolver(manifest.get("source_file"), source)
+    for entry in manifest.get("steps", []):
+        _check_code(entry)
     rebuilt: dict[str, Step] = {}
     for entry in manifest["steps"]:
         label, name = entry.get("label"), entry.get("name")
@@ -358,6 +407,13 @@ def steps_from_manifest(manifest: Mapping[str, Any]) -> tuple[list[Step], list[S
                 field="recipe",
             )
         fn = resolve(recipe["fn"], name, "fn")
+        if not (str(recipe["fn"]).startswith(f"{MAIN_MODULE}:") or is_step_function(fn)):
+            raise RecipeError(
+                name,
+                f"{recipe['fn']} is not a step function (declared with pipeline.step_function); a "
+                "shared recipe runs nothing else",
+                field="fn",
+            )
         config = decode_value(recipe["config"], rebuilt, resolve, name)
         resources = decode_value(recipe["resources"], rebuilt, resolve, name, "resources")
         if not isinstance(resources, Resources):
@@ -374,7 +430,26 @@ def steps_from_manifest(manifest: Mapping[str, Any]) -> tuple[list[Step], list[S
     return list(rebuilt.values()), roots or list(rebuilt.values())
 
 
-def load_recipe(location: str) -> tuple[dict[str, Any], list[Step]]:
+def _check_code(entry: Any) -> None:
+    """A manifest entry's recorded function must be a `module:qualname` string."""
+    recipe = entry.get("recipe") if isinstance(entry, dict) else None
+    if isinstance(recipe, dict) and not (isinstance(recipe.get("fn"), str) and ":" in recipe["fn"]):
+        name = entry.get("name") if isinstance(entry, dict) else None
+        raise RecipeError(name, f"malformed function reference {recipe.get('fn')!r}", field="fn")
+
+
+def recipe_code(manifest: Mapping[str, Any]) -> dict[str, list[str]]:
+    """The code a manifest's recipe runs: each recorded function (`module:qualname`) and the steps
+    that run it, for a person to read before running someone else's recipe."""
+    out: dict[str, list[str]] = {}
+    for entry in manifest.get("steps", []):
+        recipe = entry.get("recipe") if isinstance(entry, dict) else None
+        if isinstance(recipe, dict) and isinstance(recipe.get("fn"), str):
+            out.setdefault(recipe["fn"], []).append(str(entry.get("name")))
+    return out
+
+
+def load_recipe(location: str, source: str | None = None) -> tuple[dict[str, Any], list[Step]]:
     """Read the manifest at `location` and rebuild its root steps, checking their identities.
 
     The rebuilt DAG must have exactly the recorded labels: a difference means the installed code
@@ -384,7 +459,7 @@ def load_recipe(location: str) -> tuple[dict[str, Any], list[Step]]:
     from pipeline.core.dag import build_dag
 
     manifest = load_manifest(location)
-    _all, roots = steps_from_manifest(manifest)
+    _all, roots = steps_from_manifest(manifest, source)
     # Identities do not depend on the prefix (paths under it are relative), so any prefix will do.
     dag = build_dag(roots, manifest.get("prefix") or "memory://recipe")
     recorded = [entry["label"] for entry in manifest["steps"]]

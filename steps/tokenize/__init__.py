@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pipeline import Resources, Step, StepDeclarationError, step_events, this_output, versioned
+from pipeline import Resources, Step, StepDeclarationError, step_events, step_function, this_output, versioned
 from pipeline.run.parallel import parallel_map
 from steps.files import write_json
 from steps.imports import LEVANTER, import_ml
@@ -142,6 +142,7 @@ def check_local_inputs(
 # -- the step function ----------------------------------------------------------------------------
 
 
+@step_function
 def tokenize(config: TokenizeConfig) -> None:
     """Tokenize every split of `config` into a Levanter cache under `config.output`."""
     import_ml(*LEVANTER)

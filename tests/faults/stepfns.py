@@ -23,6 +23,7 @@ from typing import Any
 
 import fsspec
 
+from pipeline import step_function
 from pipeline.run import step_events
 
 __all__ = ["FILESYSTEMS", "MANIFEST", "PartsConfig", "log_call", "write_parts"]
@@ -73,6 +74,7 @@ def log_call(path: str, record: dict) -> None:
         os.close(fd)
 
 
+@step_function
 def write_parts(config: PartsConfig) -> None:
     """Write `parts` files and a manifest of their digests, logging the call's start and finish."""
     context = step_events.current()

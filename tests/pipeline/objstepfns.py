@@ -8,9 +8,11 @@ import time
 
 import fsspec
 
+from pipeline import step_function
 from tests.pipeline.stepfns import SleepConfig, WriteConfig, count_call
 
 
+@step_function
 def add_values(config: WriteConfig) -> None:
     """`write_value` through fsspec: `value` plus the values of `inputs`, to `value.json`."""
     count_call(config.counter, config.name)
@@ -22,6 +24,7 @@ def add_values(config: WriteConfig) -> None:
         json.dump({"value": total}, f)
 
 
+@step_function
 def sleep_then_add(config: SleepConfig) -> None:
     """`sleep_then_write` through fsspec: note the start locally, sleep, write `value.json`."""
     count_call(config.counter, config.name)

@@ -12,6 +12,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from pipeline import step_function
+
 
 def count_call(counter: str | None, name: str) -> None:
     if counter:
@@ -39,6 +41,7 @@ class WriteConfig:
     log_every: int = 10
 
 
+@step_function
 def write_value(config: WriteConfig) -> None:
     """Write `value` plus the sum of the values of `inputs` to `value.json`."""
     count_call(config.counter, config.name)
@@ -60,11 +63,13 @@ class FailConfig:
     message: str = "boom"
 
 
+@step_function
 def fail(config: FailConfig) -> None:
     count_call(config.counter, "fail")
     raise ValueError(config.message)
 
 
+@step_function
 def write_nothing(config: FailConfig) -> None:
     count_call(config.counter, "nothing")
 
@@ -81,6 +86,7 @@ class GateConfig:
     counter: str | None = None
 
 
+@step_function
 def wait_for_gate(config: GateConfig) -> None:
     """Signal STARTED[gate], block until GATES[gate] is set, then write output."""
     count_call(config.counter, f"gate-{config.gate}")
@@ -102,6 +108,7 @@ class SleepConfig:
     started_file: str | None = None
 
 
+@step_function
 def sleep_then_write(config: SleepConfig) -> None:
     """Touch `started_file`, sleep, write output: used to kill a run mid-step."""
     count_call(config.counter, config.name)
@@ -118,6 +125,7 @@ def sleep_then_write(config: SleepConfig) -> None:
         f.write("ok")
 
 
+@step_function
 def write_value_fsspec(config: WriteConfig) -> None:
     """Like `write_value`, through fsspec (works for memory:// outputs)."""
     import fsspec
@@ -127,6 +135,7 @@ def write_value_fsspec(config: WriteConfig) -> None:
         json.dump({"value": config.value}, f)
 
 
+@step_function
 def exit_early(config: FailConfig) -> None:
     """A step that calls sys.exit(): a failure of the step, not of the executor."""
     import sys
@@ -135,6 +144,7 @@ def exit_early(config: FailConfig) -> None:
     sys.exit(3)
 
 
+@step_function
 def warn_then_write(config: WriteConfig) -> None:
     """Report a WARNING note into the step's own .status, then succeed."""
     from pipeline.run import step_events
@@ -148,5 +158,6 @@ class Unprintable(Exception):
         raise RuntimeError("cannot even describe this error")
 
 
+@step_function
 def fail_unprintably(config: FailConfig) -> None:
     raise Unprintable()

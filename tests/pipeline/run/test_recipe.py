@@ -208,7 +208,7 @@ if __name__ == "__main__":
 """
 
 
-def test_code_defined_in_the_experiment_file_reruns_from_the_recorded_file(tmp_path):
+def test_code_defined_in_the_experiment_file_reruns_only_from_a_file_the_user_names(tmp_path):
     source = tmp_path / "exp.py"
     counter = tmp_path / "calls"
     source.write_text(textwrap.dedent(EXPERIMENT.format(counter=str(counter))))
@@ -216,19 +216,26 @@ def test_code_defined_in_the_experiment_file_reruns_from_the_recorded_file(tmp_p
     first = states(drydock("run", str(source), "--backend", "local", "--prefix", str(prefix), "--json"))
     manifest = the_manifest(prefix)
     assert json.loads(manifest.read_text())["steps"][0]["recipe"]["fn"] == "__main__:local_fn"
+    # The manifest names the file, but Drydock runs a file only when the user names it.
+    refused = drydock("rerun", str(manifest), "--backend", "local", "--prefix", str(tmp_path / "a"))
+    assert refused.returncode == 2 and "does not run a file a manifest names" in refused.stderr
+    assert "--source FILE" in refused.stderr and not (tmp_path / "a").exists()
+    named = ("--source", str(source))
     assert states(
-        drydock("rerun", str(manifest), "--backend", "local", "--json", cwd=tmp_path)
+        drydock("rerun", str(manifest), *named, "--backend", "local", "--json", cwd=tmp_path)
     ) == dict.fromkeys(first, "CACHED")
     assert states(
-        drydock("rerun", str(manifest), "--backend", "local", "--prefix", str(tmp_path / "b"), "--json")
+        drydock(
+            "rerun", str(manifest), *named, "--backend", "local", "--prefix", str(tmp_path / "b"), "--json"
+        )
     ) == dict.fromkeys(first, "SUCCEEDED")
     assert calls(str(counter), "local") == 2
 
-    # Without the file, the rerun cannot find the code: one clear error, nothing written.
+    # A named file that is not there: one clear error, nothing written.
     source.unlink()
-    third = drydock("rerun", str(manifest), "--backend", "local", "--prefix", str(tmp_path / "c"))
+    third = drydock("rerun", str(manifest), *named, "--backend", "local", "--prefix", str(tmp_path / "c"))
     assert third.returncode == 2
-    assert third.stderr.strip().startswith("error: step 'local/step', field `fn`")
+    assert third.stderr.strip().startswith("error: step 'local/step', field `--source`")
     assert "Traceback" not in third.stderr and not (tmp_path / "c").exists()
 
 

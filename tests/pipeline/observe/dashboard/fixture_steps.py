@@ -20,6 +20,7 @@ class CorpusConfig:
     documents: int = 3
 
 
+@step_function
 def write_corpus(config: CorpusConfig) -> None:
     os.makedirs(config.output, exist_ok=True)
     with open(os.path.join(config.output, "docs.jsonl"), "w") as f:
@@ -110,6 +111,7 @@ def evaluate_tiny(config: EvalConfig) -> None:
         json.dump(result, f, indent=2)
 
 
+@step_function
 def diverge(config: TrainConfig) -> None:
     raise FloatingPointError("loss became NaN at step 3")
 
