@@ -218,14 +218,16 @@ def _run_and_print(call: ExperimentCall) -> int:
     else:
         print_table(run_summary(result), stderr=True)
         _print_failures(result)
-        _print_results(result, reports, manifest)
+        _print_results(result, reports, manifest, source_file)
     failed = [dag.nodes[label].name for label in result.labels(State.FAILED, State.BLOCKED, State.CANCELLED)]
     if failed:
         print(f"error: {len(failed)} step(s) did not finish: {', '.join(failed)}", file=sys.stderr)
     return result.exit_code
 
 
-def _print_results(result: RunReport, reports: Mapping[str, Any], manifest: str) -> None:
+def _print_results(
+    result: RunReport, reports: Mapping[str, Any], manifest: str, source_file: str | None = None
+) -> None:
     """The end of a run for a human: what each step reports, and how to rerun it.
 
     A report's paths inside the step's own directory are left out here (the dashboard, `drydock
@@ -238,7 +240,21 @@ def _print_results(result: RunReport, reports: Mapping[str, Any], manifest: str)
         if shown:
             print(("\n" if first else "") + f"{label}:\n{format_preview(shown)}")
             first = False
-    print(f"{'' if first else chr(10)}outputs under {dag.prefix}/; rerun anywhere: drydock rerun {manifest}")
+    rerun = f"drydock rerun {manifest}"
+    if source_file and _runs_file_code(manifest):  # its code is in the experiment file: name it
+        rerun += f" --source {os.path.abspath(source_file)}"
+    print(f"{'' if first else chr(10)}outputs under {dag.prefix}/; rerun anywhere: {rerun}")
+
+
+def _runs_file_code(manifest: str) -> bool:
+    """Whether the manifest's recipe has functions defined in the (unimportable) experiment file."""
+    from pipeline.run.recipe import MAIN_MODULE, recipe_code
+    from pipeline.storage.manifests import load_manifest
+
+    try:
+        return any(ref.startswith(f"{MAIN_MODULE}:") for ref in recipe_code(load_manifest(manifest)))
+    except DrydockError:
+        return False
 
 
 def _without_own_paths(report: Any, output: str) -> Any:
