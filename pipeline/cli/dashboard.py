@@ -1,4 +1,5 @@
-"""`drydock dashboard [--prefix P] [--port N] [--host H]`: serve the read-only web page of a prefix.
+"""`drydock dashboard [--prefix P] [--port N] [--host H] [--allow-host NAME]`: serve the read-only
+web page of a prefix.
 
 The pages and the server are `pipeline.observe.dashboard`; this parses the command line, checks
 the prefix and the address, and starts it.
@@ -34,6 +35,14 @@ def _parser() -> Parser:
         default=DEFAULT_HOST,
         help=f"address to listen on (default {DEFAULT_HOST}: this machine only)",
     )
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name requests may use besides loopback ones (repeatable; with --host 0.0.0.0, "
+        "the name people reach this machine by)",
+    )
     return parser
 
 
@@ -68,5 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"note: listening on {args.host}: anyone who can reach this port can read the prefix",
             file=sys.stderr,
         )
-    serve(prefix, sock)
+    allowed = list(args.allow_host)
+    if not is_loopback(args.host) and args.host not in ("0.0.0.0", "::"):
+        allowed.append(args.host)  # the address it was asked to listen on names it
+    serve(prefix, sock, allowed)
     return 0

@@ -47,7 +47,7 @@ def _gc(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
     older = parse_age(args.older_than) if args.older_than else None
     prefix = resolve_prefix(args.prefix)
-    storage = open_storage(prefix)
+    storage = open_storage(prefix, confine=True)  # never follow a symbolic link out of it
     host = Owner.current().host
     plan = plan_gc(storage, prefix, keep=args.keep, older_than=older, now=time.time(), local_host=host)
     _show_plan(plan)

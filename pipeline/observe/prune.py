@@ -239,7 +239,11 @@ def delete_planned(
         if reason:
             skipped.append((entry, f"{reason} now"))
             continue
-        storage.delete(entry.path, recursive=True)
+        try:
+            storage.delete(entry.path, recursive=True)
+        except StorageError as e:  # e.g. it leads out of the prefix through a symbolic link
+            skipped.append((entry, str(e)))
+            continue
         deleted.append(entry)
     for entry in plan.keep:
         if not entry.orphans or _busy(entry.keep_reason):

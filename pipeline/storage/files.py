@@ -242,14 +242,26 @@ class LocalStorage(Storage):
     machine losing power may lose the last events (they are then redone, never half-trusted).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, confine: str | None = None) -> None:
         super().__init__(fsspec.filesystem("file"))
+        self.root = os.path.realpath(self._local(confine)) if confine else None
+        """With `confine` (a prefix): reads, listings and deletions never leave it through a
+        symbolic link; a path that resolves outside reads as missing, and deleting one fails."""
 
     @staticmethod
     def _local(path: str) -> str:
         return path[len("file://") :] if path.startswith("file://") else path
 
+    def inside(self, path: str) -> bool:
+        """Whether `path` resolves (symbolic links followed) inside the confining prefix."""
+        if self.root is None:
+            return True
+        real = os.path.realpath(self._local(path))
+        return real == self.root or real.startswith(self.root + os.sep)
+
     def read(self, path: str) -> bytes | None:
+        if not self.inside(path):
+            return None
         try:
             with open(self._local(path), "rb") as f:
                 return f.read()
@@ -296,10 +308,29 @@ class LocalStorage(Storage):
             os.close(fd)  # closing releases the flock
 
     def listdir(self, path: str) -> list[str]:
+        if not self.inside(path):
+            return []
         try:
             return os.listdir(self._local(path))
         except (FileNotFoundError, NotADirectoryError):
             return []
+
+    def read_tail(self, path: str, size: int) -> bytes | None:
+        if not self.inside(path):
+            return None
+        return super().read_tail(path, size)
+
+    def delete(self, path: str, recursive: bool = False) -> None:
+        local = self._local(path)
+        if os.path.islink(local):
+            os.unlink(local)  # the link, never what it points to
+            return
+        if not self.inside(path):
+            raise StorageError(
+                f"delete {path!r}: it resolves to {os.path.realpath(local)!r}, outside the prefix "
+                f"{self.root!r} (through a symbolic link); not deleted"
+            )
+        super().delete(path, recursive=recursive)
 
     def check_writable(self, prefix: str) -> None:
         path = self._local(prefix)
@@ -324,11 +355,13 @@ def normalize_prefix(prefix: str) -> str:
     return prefix.rstrip("/")
 
 
-def open_storage(prefix: str) -> Storage:
+def open_storage(prefix: str, *, confine: bool = False) -> Storage:
     """The storage implementation for `prefix` (local disk, memory://, s3://, gs://, or another
-    fsspec URL). S3 and GCS get conditional writes; other remote protocols get a warning."""
+    fsspec URL). S3 and GCS get conditional writes; other remote protocols get a warning. With
+    `confine`, local disk never leaves the prefix through a symbolic link (`LocalStorage`);
+    object stores have no links."""
     if is_local(prefix):
-        return LocalStorage()
+        return LocalStorage(confine=prefix if confine else None)
     protocol = prefix.split("://", 1)[0]
     try:
         if protocol in CONDITIONAL_PROTOCOLS:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+from collections.abc import Sequence
 
 __all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "is_loopback", "listen", "serve"]
 
@@ -45,13 +46,16 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(prefix: str, sock: socket.socket) -> None:
-    """Serve the dashboard of `prefix` on the listening `sock` until Ctrl-C (or SIGTERM)."""
+def serve(prefix: str, sock: socket.socket, allowed_hosts: Sequence[str] = ()) -> None:
+    """Serve the dashboard of `prefix` on the listening `sock` until Ctrl-C (or SIGTERM); requests
+    must name a loopback host or one of `allowed_hosts` (see `app.create_app`)."""
     import uvicorn
 
     from pipeline.observe.dashboard.app import create_app
 
-    server = uvicorn.Server(uvicorn.Config(create_app(prefix), log_level="warning", access_log=False))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(prefix, allowed_hosts), log_level="warning", access_log=False)
+    )
     try:
         server.run(sockets=[sock])
     finally:

@@ -26,7 +26,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Query, Request
@@ -37,7 +37,7 @@ from fastapi.templating import Jinja2Templates
 from pipeline.core.figures import FIGURES, figures_text, live_figures
 from pipeline.errors import StorageError
 from pipeline.observe.dag_render import DagNode, state_color, to_svg
-from pipeline.observe.dashboard import data
+from pipeline.observe.dashboard import data, is_loopback
 from pipeline.observe.render import is_table
 from pipeline.storage.files import Storage, open_storage
 from pipeline.storage.step_store import StepStore
@@ -164,11 +164,25 @@ def _dag_svg(detail: data.ExperimentDetail) -> str | None:
     return to_svg(nodes)  # an <svg> element without XML prologue: valid inline in HTML
 
 
-def create_app(prefix: str) -> FastAPI:
-    """The dashboard of `prefix` (a normalized prefix: absolute local path or URL)."""
-    storage = open_storage(prefix)
+def create_app(prefix: str, allowed_hosts: Sequence[str] = ()) -> FastAPI:
+    """The dashboard of `prefix` (a normalized prefix: absolute local path or URL).
+
+    Requests must name this machine in their `Host` header (a loopback name or address), or one
+    of `allowed_hosts`: a page on another site cannot reach a loopback server through a DNS name
+    it controls (DNS rebinding).
+    """
+    storage = open_storage(prefix, confine=True)  # serve nothing a symbolic link points out to
     store = StepStore(storage)
     app = FastAPI(title="Drydock dashboard", docs_url=None, redoc_url=None, openapi_url=None)
+    allowed = {h.lower() for h in allowed_hosts}
+
+    @app.middleware("http")
+    async def check_host(request: Request, call_next: Any) -> Any:
+        host = _host_name(request.headers.get("host", ""))
+        if not (is_loopback(host) or host in allowed):
+            return JSONResponse({"error": f"Host {host!r} is not served here"}, status_code=421)
+        return await call_next(request)
+
     app.mount("/static", StaticFiles(directory=os.path.join(HERE, "static")), name="static")
     templates = _templates(app, prefix)
 
@@ -271,9 +285,13 @@ def _step_context(storage: Storage, prefix: str, detail: data.StepDetail) -> dic
     """What the step page shows besides the detail itself: the latest log's tail and the chart."""
     latest_log = None
     if detail.logs:
-        text, _cut = data.read_log(storage, prefix, detail.label, detail.logs[-1])
-        lines = text.splitlines()
-        latest_log = (detail.logs[-1], "\n".join(lines[-LOG_TAIL_LINES:]), len(lines) > LOG_TAIL_LINES)
+        try:
+            text, _cut = data.read_log(storage, prefix, detail.label, detail.logs[-1])
+        except data.NotFound:  # e.g. a link out of the prefix: the page shows no tail
+            text = None
+        if text is not None:
+            lines = text.splitlines()
+            latest_log = (detail.logs[-1], "\n".join(lines[-LOG_TAIL_LINES:]), len(lines) > LOG_TAIL_LINES)
     info = detail.step_json or {}
     chart = None
     if detail.metrics is not None:
@@ -299,6 +317,14 @@ def _step_context(storage: Storage, prefix: str, detail: data.StepDetail) -> dic
         "failure": _failure(detail),
         "refresh": REFRESH_SECONDS if detail.state == "RUNNING" and not detail.stale else None,
     }
+
+
+def _host_name(header: str) -> str:
+    """The host of a `Host` header, without its port or an IPv6 address's brackets, lowercased."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1 : header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
 REFRESH_SECONDS = 10

@@ -464,7 +464,9 @@ def read_log(storage: Storage, prefix: str, label: str, name: str) -> tuple[str,
     directory = _check_label(storage, prefix, label)
     if name not in storage.listdir(f"{directory}/{LOGS_DIR}"):
         raise NotFound(f"step {label} has no log {name!r}")
-    data = storage.read(f"{directory}/{LOGS_DIR}/{name}") or b""
+    data = storage.read(f"{directory}/{LOGS_DIR}/{name}")
+    if data is None:  # gone since the listing, or a link out of the prefix (never followed)
+        raise NotFound(f"step {label} has no log {name!r} inside the prefix")
     cut = len(data) > MAX_LOG_BYTES
     return data[-MAX_LOG_BYTES:].decode("utf-8", errors="replace"), cut
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -169,3 +171,33 @@ def test_resolve_step_dir_by_path_label_or_unique_name(prefix):
         resolve_step_dir(storage, str(prefix), "data/a")
     with pytest.raises(StepDeclarationError, match="not a step directory"):
         resolve_step_dir(storage, str(prefix), "experiments")
+
+
+def test_gc_never_follows_a_symbolic_link_out_of_its_prefix(tmp_path):
+    """A link inside prefix A to prefix B's directories: `gc --prefix A --yes` deletes nothing of
+    B's (issue 19: it used to delete B's committed step, which B's manifest lists)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    report = run(1, b, "theirs")
+    (b_step,) = [p for p in b.glob("data/a-*")]
+    a.mkdir()
+    (a / "data").symlink_to(b / "data", target_is_directory=True)  # a whole directory of B's
+    (a / "more").mkdir()
+    (a / "more" / b_step.name).symlink_to(b_step, target_is_directory=True)  # one step of B's
+    before = sorted(str(p) for p in b.rglob("*"))
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", "gc", "--prefix", str(a), "--yes"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[3],
+    )
+    assert result.returncode == 0, result.stderr
+    assert sorted(str(p) for p in b.rglob("*")) == before  # every file of B is still there
+    assert labels(report)  # B's run is intact: its steps are still committed
+    assert StepStore(LocalStorage()).record(str(b_step)).succeeded
+    # A link is deleted as a link at most, never what it points to.
+    storage = LocalStorage(confine=str(a))
+    storage.delete(str(a / "more" / b_step.name), recursive=True)
+    assert not (a / "more" / b_step.name).exists() and b_step.is_dir()
+    with pytest.raises(StorageError, match="outside the prefix"):
+        storage.delete(str(a / "data" / b_step.name), recursive=True)
+    assert b_step.is_dir()

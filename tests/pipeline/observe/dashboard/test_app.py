@@ -286,3 +286,39 @@ def test_a_running_step_page_reloads_itself_and_a_finished_one_does_not(dashboar
     finally:
         store.release(step_dir, owner, taken.token)
         store.append(step_dir, owner, taken.token, "CANCELLED", "test over")
+
+
+def test_files_outside_the_prefix_are_never_served_through_a_link(runs, tmp_path):
+    """A log linked to a file outside the prefix (issue 19: it was served with 200)."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the secret")
+    label = runs.label(runs.demo, "train/tiny")
+    link = os.path.join(runs.prefix, label, ".logs", "attempt-9.log")
+    os.symlink(secret, link)
+    server = start_dashboard(runs.prefix)
+    try:
+        response = get(server, f"/steps/{label}/logs/attempt-9.log")
+        assert response.status_code == 404 and "the secret" not in response.text
+        page = get(server, f"/steps/{label}")
+        assert page.status_code == 200 and "the secret" not in page.text
+    finally:
+        stop(server)
+        os.unlink(link)
+
+
+def test_only_requests_naming_this_machine_are_answered(dashboard):
+    """DNS rebinding: a page on another site reaching the loopback server by a name it controls."""
+    url = dashboard.url.rstrip("/") + "/"
+    assert httpx.get(url, headers={"Host": "evil.example"}, timeout=30).status_code == 421
+    for host in ("localhost", "127.0.0.1", "localhost:8008", "[::1]:8008"):
+        assert httpx.get(url, headers={"Host": host}, timeout=30).status_code == 200, host
+
+
+def test_allow_host_names_another_host(runs):
+    server = start_dashboard(runs.prefix, "--allow-host", "dash.example")
+    try:
+        url = server.url.rstrip("/") + "/api/experiments"
+        assert httpx.get(url, headers={"Host": "dash.example:8008"}, timeout=30).status_code == 200
+        assert httpx.get(url, headers={"Host": "other.example"}, timeout=30).status_code == 421
+    finally:
+        stop(server)
