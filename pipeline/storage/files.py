@@ -133,6 +133,11 @@ class Storage:
 
         return self._retrying("list", path, once)
 
+    def read_consistent(self, path: str) -> bytes | None:
+        """`read`, never seeing a write of `update` half-done. Object stores replace an object
+        whole, so this is `read`; local disk reads under the lock `update` writes under."""
+        return self.read(path)
+
     def read_tail(self, path: str, size: int) -> bytes | None:
         """The last `size` bytes of `path` (all of it if shorter), or None if it does not exist."""
 
@@ -306,6 +311,24 @@ class LocalStorage(Storage):
             return new
         finally:
             os.close(fd)  # closing releases the flock
+
+    def read_consistent(self, path: str) -> bytes | None:
+        # `update` rewrites a file in place (truncate, then write) holding an exclusive flock: a
+        # shared one here waits for it, so a reader never takes an empty file for a missing lease.
+        if not self.inside(path):
+            return None
+        try:
+            fd = os.open(self._local(path), os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            chunks = []
+            while chunk := os.read(fd, 1 << 16):
+                chunks.append(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
 
     def listdir(self, path: str) -> list[str]:
         if not self.inside(path):

@@ -97,7 +97,7 @@ class StepStore:
             if with_metadata:
                 step_json = self.read_step_json(step_dir)
         else:
-            lease = LeaseRecord.parse(self.storage.read(f"{step_dir}/{LEASE}"))
+            lease = self.lease(step_dir)
         return StepRecord(events, step_json, lease)
 
     def records(
@@ -132,7 +132,9 @@ class StepStore:
             return {"__corrupt__": True}
 
     def lease(self, step_dir: str) -> LeaseRecord | None:
-        return LeaseRecord.parse(self.storage.read(f"{step_dir}/{LEASE}"))
+        """The `.lease` record, read consistently with its renewals (`Storage.read_consistent`):
+        reading a lease half-rewritten made a lone run's commit think it had lost the lease."""
+        return LeaseRecord.parse(self.storage.read_consistent(f"{step_dir}/{LEASE}"))
 
     def progress(self, step_dir: str, events: tuple[StatusEvent, ...]) -> Mapping[str, Any] | None:
         """The `.progress` report (`pipeline.run.step_events.progress`) of the latest attempt in

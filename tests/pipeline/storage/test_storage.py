@@ -192,3 +192,30 @@ def test_lease_record_parse_tolerates_garbage():
     assert LeaseRecord.parse(b"") is None
     assert LeaseRecord.parse(b'{"token": 1') is None
     assert LeaseRecord.parse(b'{"unexpected": 1}') is None
+
+
+def test_a_lease_read_while_its_heartbeat_rewrites_it_is_never_empty(tmp_path):
+    """Issue 19: the commit read `.lease` without the lock while the heartbeat rewrote it in place
+    (truncate, then write); reading the empty file, a lone run discarded its own result."""
+    import threading
+
+    store = StepStore(LocalStorage())
+    step_dir = str(tmp_path / "step")
+    me = Owner.current()
+    token = store.acquire(step_dir, me, 60).token
+    stop = threading.Event()
+
+    def heartbeat() -> None:
+        ttl = 60.0
+        while not stop.is_set():
+            ttl += 1e-3  # a different length each time: rewritten, not appended
+            store.renew(step_dir, me, token, ttl)
+
+    thread = threading.Thread(target=heartbeat)
+    thread.start()
+    try:
+        seen = [store.lease(step_dir) for _ in range(3000)]
+    finally:
+        stop.set()
+        thread.join()
+    assert all(lease is not None and lease.held_by(me, token) for lease in seen)
