@@ -19,7 +19,7 @@ from typing import Any
 
 from pipeline.core import graph
 from pipeline.core.configs import ConfigRefs, collect_refs, resolve_config, to_plain
-from pipeline.core.identity import NAME_PART, PREFIX_TOKEN, Identity, compute_identity
+from pipeline.core.identity import HASH_CHARS, NAME_PART, PREFIX_TOKEN, Identity, compute_identity
 from pipeline.errors import GraphError, StepDeclarationError
 from pipeline.step import OutputOf, Resources, Step, ThisOutput
 
@@ -82,6 +82,12 @@ def fn_import_path(fn: Any) -> str:
     return f"{fn.__module__}:{fn.__qualname__}"
 
 
+NAME_MAX = 255
+"""Bytes in one file name on the file systems a prefix lives on (ext4, XFS; object keys allow more)."""
+
+_LABEL_LIKE = re.compile(rf".+-[0-9a-f]{{{HASH_CHARS}}}$")
+
+
 def validate_name(name: Any) -> None:
     """Raise `StepDeclarationError` unless `name` is a relative slash path of safe parts."""
     if not isinstance(name, str) or not name:
@@ -90,7 +96,9 @@ def validate_name(name: Any) -> None:
         )
     if name.startswith("/") or "://" in name:
         raise StepDeclarationError(name, "name must be relative to the prefix, not absolute", field="name")
-    for part in name.split("/"):
+    parts = name.split("/")
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
         if part in ("", ".", ".."):
             raise StepDeclarationError(
                 name, f"name part {part!r} is not allowed (no empty parts, '.' or '..')", field="name"
@@ -100,6 +108,22 @@ def validate_name(name: Any) -> None:
                 name,
                 f"name part {part!r} may only use letters, digits and . _ + = - "
                 "(no spaces, and not starting with '.')",
+                field="name",
+            )
+        # A file name holds at most NAME_MAX bytes; the last part gets "-<12 hex>" added.
+        limit = NAME_MAX - (HASH_CHARS + 1 if last else 0)
+        if len(part.encode()) > limit:
+            raise StepDeclarationError(
+                name,
+                f"name part {part[:40]!r}... is {len(part.encode())} bytes; a file name holds "
+                f"{NAME_MAX}{', and the step adds its 13-character hash' if last else ''}: at most {limit}",
+                field="name",
+            )
+        if not last and _LABEL_LIKE.match(part):
+            raise StepDeclarationError(
+                name,
+                f"name part {part!r} looks like a step label (<name>-<12 hex>): its directory would "
+                "be inside that step's output",
                 field="name",
             )
 
