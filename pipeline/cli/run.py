@@ -218,15 +218,17 @@ def _run_and_print(call: ExperimentCall) -> int:
     else:
         print_table(run_summary(result), stderr=True)
         _print_failures(result)
-        _print_results(result, reports, manifest, source_file)
+        _print_results(result, reports, None if result.manifest_error else manifest, source_file)
     failed = [dag.nodes[label].name for label in result.labels(State.FAILED, State.BLOCKED, State.CANCELLED)]
     if failed:
         print(f"error: {len(failed)} step(s) did not finish: {', '.join(failed)}", file=sys.stderr)
+    if result.manifest_error:
+        print(f"error: {result.manifest_error} (what the steps committed stays committed)", file=sys.stderr)
     return result.exit_code
 
 
 def _print_results(
-    result: RunReport, reports: Mapping[str, Any], manifest: str, source_file: str | None = None
+    result: RunReport, reports: Mapping[str, Any], manifest: str | None, source_file: str | None = None
 ) -> None:
     """The end of a run for a human: what each step reports, and how to rerun it.
 
@@ -240,6 +242,9 @@ def _print_results(
         if shown:
             print(("\n" if first else "") + f"{label}:\n{format_preview(shown)}")
             first = False
+    if manifest is None:  # it could not be written
+        print(f"{'' if first else chr(10)}outputs under {dag.prefix}/")
+        return
     rerun = f"drydock rerun {manifest}"
     if source_file and _runs_file_code(manifest):  # its code is in the experiment file: name it
         rerun += f" --source {os.path.abspath(source_file)}"

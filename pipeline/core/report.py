@@ -42,13 +42,17 @@ class RunReport:
     plan: Plan
     outcomes: Mapping[str, StepOutcome]
     interrupted: bool = False
+    manifest_error: str | None = None
+    """Why the run's manifest could not be written at its end (e.g. a full disk): every step's
+    outcome stands (what committed stays committed), but the run is not recorded."""
 
     def labels(self, *states: State) -> list[str]:
         return [label for label, o in self.outcomes.items() if o.state in states]
 
     @property
     def ok(self) -> bool:
-        return not self.interrupted and not self.labels(State.FAILED, State.BLOCKED, State.CANCELLED)
+        failed = self.labels(State.FAILED, State.BLOCKED, State.CANCELLED)
+        return not self.interrupted and not failed and self.manifest_error is None
 
     @property
     def exit_code(self) -> int:

@@ -25,6 +25,7 @@ from pipeline.core.lease import Owner
 from pipeline.core.plan import Plan, State, make_plan
 from pipeline.core.records import StepRecord
 from pipeline.core.report import RunReport
+from pipeline.errors import StorageError
 from pipeline.run.backends import make_backend
 from pipeline.run.console import RunConsole
 from pipeline.run.executor import ExecutionOptions, Reporter, execute
@@ -183,9 +184,12 @@ def run_experiment(
         gc.unfreeze()
     with _gc_paused():
         final = manifest.encode(report)
-        store.storage.write(path, final)
-        if needs_backend:  # a run that found everything cached adds nothing to the history
-            store.storage.write(history, final)
+        try:
+            store.storage.write(path, final)
+            if needs_backend:  # a run that found everything cached adds nothing to the history
+                store.storage.write(history, final)
+        except StorageError as e:  # a full disk, say: the steps' outcomes stand, the record does not
+            report = replace(report, manifest_error=f"could not write the run manifest {path}: {e}")
     logger.debug("manifest: %s", path)  # the end-of-run summary prints it
     return report
 

@@ -276,7 +276,12 @@ class LocalStorage(Storage):
             return None
 
     def write(self, path: str, data: bytes) -> None:
-        path = self._local(path)
+        try:
+            self._write(self._local(path), data)
+        except OSError as e:  # a full disk, a file where a directory should be: one clear error
+            raise StorageError(f"write {path!r}: {e.strerror or e}") from e
+
+    def _write(self, path: str, data: bytes) -> None:
         parent = os.path.dirname(path)
         os.makedirs(parent, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=parent, prefix=TMP_PREFIX)

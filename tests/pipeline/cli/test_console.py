@@ -143,3 +143,40 @@ def test_on_a_terminal_running_steps_are_a_live_display_gone_at_the_end(tmp_path
         assert "30/100 steps loss 2.5" in console.progress_text("train/a-1")
     out = stream.getvalue()
     assert "RUNNING    train/a-1" in out and "30/100 steps" in out  # drawn, then cleared
+
+
+UNWRITABLE = """
+import os, shutil
+from dataclasses import dataclass
+from pipeline import Step, executor_main, step_function, this_output
+
+@dataclass(frozen=True)
+class Config:
+    output: str
+    experiments: str
+
+@step_function
+def break_the_manifest_directory(config):
+    os.makedirs(config.output, exist_ok=True)
+    open(os.path.join(config.output, "done"), "w").close()
+    # As a full disk would at the end of a run: the manifest cannot be written any more.
+    shutil.rmtree(config.experiments)
+    open(config.experiments, "w").close()
+
+if __name__ == "__main__":
+    executor_main([Step("data/a", break_the_manifest_directory, Config(this_output(), {experiments!r}))])
+"""
+
+
+def test_a_manifest_that_cannot_be_written_is_one_error_and_the_steps_stay_committed(tmp_path):
+    prefix = tmp_path / "p"
+    path = tmp_path / "unwritable.py"
+    path.write_text(UNWRITABLE.format(experiments=str(prefix / "experiments")))
+    result = drydock("run", str(path), "--prefix", str(prefix))
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "could not write the run manifest" in errors[0], result.stderr
+    assert "SUCCEEDED  data/a-" in result.stderr  # the end-of-run table is there
+    (step,) = prefix.glob("data/a-*")
+    assert '"SUCCESS"' in (step / ".status").read_text()
