@@ -91,14 +91,56 @@ class LeaseRecord:
 
     @staticmethod
     def parse(data: bytes | None) -> LeaseRecord | None:
-        """The record in `data`, or None for an absent, empty or partially written file."""
+        """The record in `data`, or None for an absent, empty, partially written or damaged file
+        (`problem` says what is damaged)."""
         if not data:
             return None
         try:
-            raw: dict[str, Any] = json.loads(data)
-            return LeaseRecord(**raw)
-        except (ValueError, TypeError):
+            raw: Any = json.loads(data)
+        except ValueError:
             return None
+        if LeaseRecord.problem_of(raw) is not None:
+            return None
+        return LeaseRecord(**raw)
+
+    @staticmethod
+    def problem(data: bytes | None) -> str | None:
+        """What is wrong with a `.lease` that is whole JSON but not a lease (a field of the wrong
+        type, a missing or unknown one); None for a good, absent or partially written one."""
+        if not data:
+            return None
+        try:
+            raw = json.loads(data)
+        except ValueError:
+            return None  # cut short: a write in progress on a store without atomic replace
+        return LeaseRecord.problem_of(raw)
+
+    @staticmethod
+    def problem_of(raw: Any) -> str | None:
+        """`problem` for a decoded `.lease`."""
+        if not isinstance(raw, dict):
+            return "not a JSON object"
+        kinds: dict[str, tuple[type, ...]] = {
+            "token": (int,),
+            "run_id": (str,),
+            "host": (str,),
+            "pid": (int,),
+            "pid_start": (str, type(None)),
+            "expires": (int, float),
+            "released": (bool,),
+        }
+        unknown = sorted(set(raw) - set(kinds))
+        if unknown:
+            return f"unknown field(s) {', '.join(unknown)}"
+        for name, types in kinds.items():
+            if name not in raw:
+                if name == "released":
+                    continue
+                return f"no {name}"
+            value = raw[name]
+            if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+                return f"{name} {value!r} is not {' or '.join(t.__name__ for t in types)}"
+        return None
 
     def dump(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()

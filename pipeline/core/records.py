@@ -86,6 +86,29 @@ def complete_lines(data: bytes | None) -> bytes:
     return data[: data.rfind(b"\n") + 1]
 
 
+_KNOWN_EVENTS = frozenset(e.value for e in Event)
+
+
+def _event(raw: Any) -> StatusEvent:
+    """One `.status` line's event; TypeError/ValueError naming the field for anything else: an
+    unknown event (which would otherwise silently follow a SUCCESS and un-commit the step) or a
+    field of the wrong type."""
+    if not isinstance(raw, dict):
+        raise TypeError("not a JSON object")
+    event, token, when = raw["event"], raw["token"], raw["time"]
+    if not isinstance(event, str) or event not in _KNOWN_EVENTS:
+        raise ValueError(f"unknown event {event!r}")
+    if not isinstance(token, int) or isinstance(token, bool):
+        raise TypeError(f"token {token!r} is not a whole number")
+    if not isinstance(when, int | float) or isinstance(when, bool):
+        raise TypeError(f"time {when!r} is not a number")
+    run_id, message, data = raw.get("run_id", ""), raw.get("message", ""), raw.get("data", {})
+    for name, value, kind in (("run_id", run_id, str), ("message", message, str), ("data", data, dict)):
+        if not isinstance(value, kind):
+            raise TypeError(f"{name} {value!r} is not a {kind.__name__}")
+    return StatusEvent(event=event, token=token, time=float(when), run_id=run_id, message=message, data=data)
+
+
 def parse_status(data: bytes | None, path: str = ".status") -> tuple[StatusEvent, ...]:
     """Events of a `.status` file. A final line without newline is a write in progress: skipped."""
     if not data:
@@ -97,17 +120,7 @@ def parse_status(data: bytes | None, path: str = ".status") -> tuple[StatusEvent
         if not line.strip():
             continue
         try:
-            raw = json.loads(line)
-            events.append(
-                StatusEvent(
-                    event=raw["event"],
-                    token=int(raw["token"]),
-                    time=float(raw["time"]),
-                    run_id=raw.get("run_id", ""),
-                    message=raw.get("message", ""),
-                    data=raw.get("data", {}),
-                )
-            )
+            events.append(_event(json.loads(line)))
         except (ValueError, KeyError, TypeError) as e:
             raise StorageError(
                 f"{path} line {number} is corrupt ({e}); see it with `drydock status` and "

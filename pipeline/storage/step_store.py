@@ -97,7 +97,15 @@ class StepStore:
             if with_metadata:
                 step_json = self.read_step_json(step_dir)
         else:
-            lease = self.lease(step_dir)
+            data = self.storage.read_consistent(f"{step_dir}/{LEASE}")
+            problem = LeaseRecord.problem(data)
+            if problem is not None:
+                corrupt = (
+                    f"{step_dir}/{LEASE} is corrupt ({problem}); rerun the step with `--force` to "
+                    "start it over"
+                )
+                return StepRecord(events, corrupt=corrupt)
+            lease = LeaseRecord.parse(data)
         return StepRecord(events, step_json, lease)
 
     def records(

@@ -118,3 +118,68 @@ def test_hand_edited_step_json_is_noted_not_fatal_and_force_rewrites_it(tmp_path
         info = json.loads((step_dir(exp, name) / ".step.json").read_text())
         assert info["name"] == name
     assert plan_json(exp)["src/s0"]["reason"] == "cached"
+
+
+def _running(status: Path) -> None:
+    """Make a finished step's `.status` end in RUNNING of a runner that is gone (as after a kill)."""
+    lines = status.read_text().splitlines()
+    running = [line for line in lines if '"RUNNING"' in line]
+    status.write_text("\n".join([*lines, running[-1].replace('"token": 1', '"token": 9')]) + "\n")
+
+
+def test_metadata_of_the_wrong_type_is_corrupt_everywhere_and_force_gets_past_it(tmp_path):
+    """Issue 19: well-formed JSON with fields of the wrong type gave tracebacks in plan, status,
+    run and the dashboard (500), and `--force` could not get past them; an unknown event after
+    SUCCESS silently un-committed the step."""
+    from pipeline.observe.dashboard import data
+    from pipeline.storage.files import LocalStorage
+    from pipeline.storage.step_store import StepStore
+
+    damages = [
+        (".status", '{"event": 5, "token": 9, "time": 1.0}', "unknown event 5"),
+        (".status", '{"event": "WARNING", "token": 1, "time": 1.0, "data": "x"}', "data 'x' is not a dict"),
+        (
+            ".status",
+            '{"event": "WARNING", "token": 1, "time": 1.0, "message": {}}',
+            "message {} is not a str",
+        ),
+        (".status", '{"event": "WARNING", "token": "1", "time": 1.0}', "token '1' is not a whole number"),
+        (".status", '{"event": "RESURRECTED", "token": 1, "time": 1.0}', "unknown event 'RESURRECTED'"),
+        (
+            ".lease",
+            '{"token": 9, "run_id": "r", "host": "h", "pid": 1, "pid_start": null, "expires": "soon"}',
+            "expires 'soon'",
+        ),
+        (
+            ".lease",
+            '{"token": 9, "run_id": "r", "host": "h", "pid": "1", "pid_start": null, "expires": 1.0}',
+            "pid '1'",
+        ),
+        (
+            ".lease",
+            '{"token": "x", "run_id": "r", "host": "h", "pid": 1, "pid_start": null, "expires": null}',
+            "token 'x'",
+        ),
+    ]
+    for i, (name, damage, expect) in enumerate(damages):
+        exp = done_experiment(tmp_path / str(i))
+        target = step_dir(exp, "mid/m0")
+        status = target / ".status"
+        if name == ".lease":
+            _running(status)  # a lease matters only while the step is not done
+            (target / ".lease").write_text(damage)
+        else:
+            status.write_text(status.read_text() + damage + "\n")
+        refused = cli(exp, "run")
+        assert refused.returncode == 2, (damage, refused.stderr)
+        (line,) = refused.stderr.strip().splitlines()
+        assert line.startswith("error: step 'mid/m0': ") and expect in line and "--force" in line, line
+        shown = cli(exp, "status", "--json")
+        assert shown.returncode == 0, shown.stderr
+        assert status_json(exp)["mid/m0"]["status"] == "CORRUPT"
+        label = target.relative_to(exp.prefix).as_posix()
+        detail = data.read_step(StepStore(LocalStorage()), str(exp.prefix), label)
+        assert detail.corrupt and expect in detail.corrupt
+        forced = cli(exp, "run", "--force", "^mid/m0$")
+        assert forced.returncode == 0, (damage, forced.stderr)
+        verify(exp)
