@@ -21,7 +21,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pipeline.core.lease import is_stale
+from pipeline.core.lease import is_stale, pid_alive
 from pipeline.core.records import Event
 from pipeline.errors import StepDeclarationError, StorageError
 from pipeline.storage.files import Storage
@@ -175,6 +175,35 @@ def kept_labels(storage: Storage, prefix: str, keep: Sequence[str] | None) -> tu
     return paths, labels
 
 
+def running_labels(storage: Storage, prefix: str, local_host: str) -> dict[str, str]:
+    """Steps of the runs under `prefix` that have not finished and whose runner may be alive, with
+    why they are kept: such a run still needs its finished upstreams, which hold no lease.
+
+    A runner on this host is alive if its process is; one on another host is taken to be (its
+    manifest is finished by a rerun of the experiment, or by the run itself).
+    """
+    directory = f"{prefix}/{MANIFEST_DIR}"
+    out: dict[str, str] = {}
+    for name in sorted(storage.listdir(directory)):
+        if not name.endswith(".json"):
+            continue
+        try:
+            manifest = json.loads(storage.read(f"{directory}/{name}") or b"")
+            if manifest.get("finished", True):
+                continue
+            runner = manifest.get("runner") or {}
+            if runner.get("host") == local_host and not pid_alive(
+                int(runner["pid"]), runner.get("pid_start")
+            ):
+                continue  # killed on this machine: nothing runs for it any more
+            why = f"needed by run {manifest.get('run_id')} of {name} (not finished)"
+            for step in manifest["steps"]:
+                out.setdefault(str(step["label"]), why)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue  # an unreadable manifest is kept_labels' to refuse
+    return out
+
+
 def _inspect(
     store: StepStore, path: str, now: float, local_host: str
 ) -> tuple[str, str | None, float | None]:
@@ -206,6 +235,7 @@ def plan_gc(
     """Sort every step directory under `prefix` into keep (with a reason) and delete. Reads only."""
     prefix = prefix.rstrip("/")
     manifests, labels = kept_labels(storage, prefix, keep)
+    running = running_labels(storage, prefix, local_host)
     store = StepStore(storage)
     kept: list[StepDir] = []
     doomed: list[StepDir] = []
@@ -214,6 +244,8 @@ def plan_gc(
         reason, state, when = _inspect(store, path, now, local_host)
         if not reason and label in labels:
             reason = "in a kept manifest"
+        if not reason and label in running:
+            reason = running[label]
         if not reason and older_than is not None and when is not None and now - when < older_than:
             reason = "too recent"
         orphans = tuple(f"{path}/{n}" for n in storage.listdir(path) if n.startswith(TMP_PREFIX))

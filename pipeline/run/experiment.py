@@ -146,8 +146,16 @@ def run_experiment(
     # The manifest is the latest run of this DAG; each run also keeps a record of its own.
     history = run_record_path(path, owner.run_id)
     with _gc_paused():  # as in planning: many small, acyclic objects
+        runner = {"host": owner.host, "pid": owner.pid, "pid_start": owner.pid_start}
         manifest = ManifestBuilder(
-            plan, name, description, owner.run_id, env, started=started, source_file=source_file
+            plan,
+            name,
+            description,
+            owner.run_id,
+            env,
+            started=started,
+            source_file=source_file,
+            runner=runner,
         )
         if needs_backend:  # a run in progress is visible from its manifest; a cached one ends now
             first = manifest.encode()

@@ -41,6 +41,7 @@ class ManifestBuilder:
         started: float | None = None,
         source_file: str | None = None,
         recipes: Mapping[str, Any] | None = None,
+        runner: Mapping[str, Any] | None = None,
     ) -> None:
         dag = plan.dag
         if recipes is None:
@@ -71,6 +72,8 @@ class ManifestBuilder:
             "prefix": dag.prefix,
             "run_id": run_id,
             "started": started,
+            # Who runs it: gc keeps the steps of an unfinished run whose runner may be alive.
+            **({"runner": dict(runner)} if runner else {}),
         }
         self._tail = {
             "roots": list(dag.roots),

@@ -201,3 +201,61 @@ def test_gc_never_follows_a_symbolic_link_out_of_its_prefix(tmp_path):
     with pytest.raises(StorageError, match="outside the prefix"):
         storage.delete(str(a / "data" / b_step.name), recursive=True)
     assert b_step.is_dir()
+
+
+WAITING_RUN = """
+import os, time
+from dataclasses import dataclass
+from pipeline import Step, executor_main, output_of, step_function, this_output, versioned
+from tests.pipeline.stepfns import WriteConfig, write_value
+
+@dataclass(frozen=True)
+class WaitConfig:
+    upstream: str
+    output: str
+
+@step_function
+def wait_for_release(config):
+    open({started!r}, "w").close()
+    while not os.path.exists({release!r}):
+        time.sleep(0.02)
+    assert os.path.isdir(config.upstream), "the upstream was deleted under the run"
+    os.makedirs(config.output, exist_ok=True)
+    open(os.path.join(config.output, "done"), "w").close()
+
+up = Step("data/up", write_value, WriteConfig(this_output(), versioned(7)))
+down = Step("train/down", wait_for_release, WaitConfig(output_of(up), this_output()))
+if __name__ == "__main__":
+    executor_main([down])
+"""
+
+
+def test_gc_keeps_what_a_run_in_progress_still_needs(tmp_path):
+    """Issue 19: `gc --keep other --yes` during a run of another experiment deleted that run's
+    finished upstream (it holds no lease), and the run then failed."""
+    prefix = tmp_path / "prefix"
+    run(1, prefix, "one")
+    started, release = tmp_path / "started", tmp_path / "release"
+    exp = tmp_path / "two.py"
+    exp.write_text(WAITING_RUN.format(started=str(started), release=str(release)))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "run", str(exp), "--prefix", str(prefix), "--backend", "local"],
+        cwd=Path(__file__).resolve().parents[3],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not started.exists():
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        time.sleep(0.02)
+    plan = gc_plan(prefix, keep=["one"])
+    (up,) = [d for d in plan.keep if d.label.startswith("data/up-")]
+    assert up.keep_reason.startswith("needed by run ") and "(not finished)" in up.keep_reason
+    delete_planned(LocalStorage(), plan, now=time.time(), local_host=Owner.current().host)
+    release.touch()
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert os.path.isdir(up.path)
+    # Once the run has finished, its steps are no longer protected for it.
+    assert up.path in {d.path for d in gc_plan(prefix, keep=["one"]).delete}
