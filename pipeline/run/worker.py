@@ -171,7 +171,10 @@ def _captured(
     of a failed or interrupted attempt matters most; but not once the attempt's lease may have
     expired, since the step directory may be another runner's.
     """
-    with tempfile.NamedTemporaryFile("w+", suffix=".log") as local:
+    with (
+        tempfile.NamedTemporaryFile("w+", suffix=".log") as local,
+        _log_copy(local, log_path, fence, sync_every),
+    ):
         handler = logging.StreamHandler(local)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         root = logging.getLogger()
@@ -179,23 +182,33 @@ def _captured(
         out, err = sys.stdout, sys.stderr
         tees = _Tee(out, local), _Tee(err, local)
         sys.stdout, sys.stderr = tees
-        sync = _LogSync(local, log_path, fence, sync_every)
-        sync.start()
         try:
             yield
-        except BaseException:
-            traceback.print_exc(file=local)
-            raise
         finally:
             sys.stdout, sys.stderr = out, err
             for tee in tees:
                 tee.release()
             root.removeHandler(handler)
-            sync.stop()
-            try:
-                sync.write()
-            except (Exception, LeaseExpired) as e:  # a log copy must never change how the step ends
-                print(f"drydock: could not save the step log to {log_path}: {e}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def _log_copy(local: Any, log_path: str, fence: Fence | None, sync_every: float) -> Iterator[None]:
+    """Write the attempt's local log copy out to `log_path` as it grows (`_LogSync`) and once more
+    at the end, after the traceback of whatever ended the body; a failed copy is reported, never
+    raised (a log copy must never change how the step ends)."""
+    sync = _LogSync(local, log_path, fence, sync_every)
+    sync.start()
+    try:
+        yield
+    except BaseException:
+        traceback.print_exc(file=local)
+        raise
+    finally:
+        sync.stop()
+        try:
+            sync.write()
+        except (Exception, LeaseExpired) as e:
+            print(f"drydock: could not save the step log to {log_path}: {e}", file=sys.stderr)
 
 
 class _ThreadRouter(io.TextIOBase):
@@ -318,23 +331,16 @@ def _captured_thread(
     """`_captured` for a step running in a thread of a process shared with other steps: only
     this thread's output and log records, through the process's routers."""
     ident = threading.get_ident()
-    with tempfile.NamedTemporaryFile("w+", suffix=".log") as local:
+    with (
+        tempfile.NamedTemporaryFile("w+", suffix=".log") as local,
+        _log_copy(local, log_path, fence, sync_every),
+    ):
         _routers()
         _bind(ident, (local, echo))
-        sync = _LogSync(local, log_path, fence, sync_every)
-        sync.start()
         try:
             yield
-        except BaseException:
-            traceback.print_exc(file=local)
-            raise
         finally:
             _bind(ident, None)
-            sync.stop()
-            try:
-                sync.write()
-            except (Exception, LeaseExpired) as e:  # a log copy must never change how the step ends
-                print(f"drydock: could not save the step log to {log_path}: {e}", file=sys.stderr)
 
 
 def _lease_deadline(context: StepContext) -> Callable[[], float | None]:
