@@ -5,12 +5,14 @@ A checkpoint is complete once its `metadata.json` is there (Levanter writes it l
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Callable
 from typing import Any
 
 import fsspec
 
-from steps.files import exists, read_json
+from steps.files import exists, local_path, read_json
 
 __all__ = [
     "checkpoint_at",
@@ -137,10 +139,19 @@ def retained_steps(
     return {s for s in [*steps, final_step] if retained(s, newest, final_step, keep_every)}
 
 
-def delete_checkpoints(root: str, *, after: int | None) -> list[int]:
+def delete_checkpoints(root: str, *, after: int | None, set_aside: str | None = None) -> list[int]:
     """Delete every checkpoint under `root` of a step after `after` (None: all of them), complete
     or not, newest first, so that an interruption leaves the latest survivor an older one.
-    Returns the steps deleted."""
+    Returns the steps deleted.
+
+    With `set_aside` (a local directory), local checkpoints are moved there instead of deleted:
+    a process that saves a checkpoint of the same step again must not find the deleted one's
+    files' identities reused. TensorStore caches what it wrote by path and validates the cache by
+    file generation (modification time and inode); a new file that reuses a freed inode within
+    the same second looks unchanged, and the new save then reads data the old one wrote. Keeping
+    the old files until the process is done keeps their inodes taken. Object stores give every
+    write a new generation: there they are deleted.
+    """
     fs, plain = fsspec.core.url_to_fs(root)
     fs.invalidate_cache()
     try:
@@ -152,11 +163,20 @@ def delete_checkpoints(root: str, *, after: int | None) -> list[int]:
         name = entry.rstrip("/").rsplit("/", 1)[-1]
         if name.startswith("step-") and name[5:].isdigit() and (after is None or int(name[5:]) > after):
             steps[int(name[5:])] = entry
+    local = set_aside is not None and local_path(root) is not None
+    if local:
+        os.makedirs(set_aside, exist_ok=True)
     for step in sorted(steps, reverse=True):
         metadata = f"{steps[step].rstrip('/')}/metadata.json"
         if fs.exists(metadata):  # first: a half-deleted checkpoint is never taken for a complete one
             fs.rm(metadata)
-        fs.rm(steps[step], recursive=True)
+        if local:
+            destination = os.path.join(set_aside, f"step-{step}")
+            if os.path.exists(destination):  # from an attempt killed mid-rewind: its process is gone
+                shutil.rmtree(destination)
+            os.replace(steps[step], destination)
+        else:
+            fs.rm(steps[step], recursive=True)
     return sorted(steps)
 
 

@@ -53,7 +53,7 @@ from pipeline import (
     versioned,
 )
 from steps.checkpoints import latest_checkpoint
-from steps.files import exists, read_text
+from steps.files import exists, local_path, read_text
 from steps.imports import LEVANTER, import_ml
 from steps.levanter_config import hub_offline, levanter_train_config
 from steps.moe import MoeModelConfig, parameter_counts
@@ -412,6 +412,8 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
             write_file(rewinds_path, json.dumps(payload, indent=1).encode())
             step_events.warn(rewind.describe(), {"rewind": rewind.number, "step": rewind.trigger_step})
             print(f"train_moe: {rewind.describe()}", flush=True)
+    if local_path(out) is not None:  # rewinds set checkpoints aside only for this process
+        shutil.rmtree(os.path.join(out, REWOUND_DIR), ignore_errors=True)
     final, final_step = _latest_step(checkpoints)
     result = {
         **summarize(config, vocab),
@@ -506,7 +508,12 @@ def _rewind(config: TrainMoeConfig, needed: RewindNeeded, rewinds: list[Rewind],
     # the next step's loss). Restoring it retrains from step N + 1.
     before = [step for step in complete_checkpoints(checkpoints) if step + 1 < needed.first_step]
     restored = max(before) if before else None
-    delete_checkpoints(checkpoints, after=restored)
+    # Set aside, not deleted, while this process trains on: see delete_checkpoints.
+    delete_checkpoints(
+        checkpoints,
+        after=restored,
+        set_aside=os.path.join(os.path.dirname(checkpoints), REWOUND_DIR, f"rewind-{number}"),
+    )
     first_batch = data_batch(ranges, needed.first_step)
     last_batch = data_batch(ranges, needed.trigger_step) + policy.skip_batches
     # The lower rate applies from the first step trained again.
@@ -543,6 +550,10 @@ def _checkpoint_time(output: str, step: int) -> float:
 def _rewind_event(rewind: Rewind) -> dict[str, Any]:
     """The metrics.jsonl event line of a rewind."""
     return {"event": "rewind", "step": rewind.trigger_step, **rewind.to_json(), "message": rewind.describe()}
+
+
+REWOUND_DIR = "rewound"
+"""Where a rewind sets aside the checkpoints it went back past, until the training ends."""
 
 
 def _scratch_dir() -> str:

@@ -174,6 +174,7 @@ def test_rewind_skips_the_corrupt_window_and_ends_near_the_clean_run(corrupt_run
     events = read_events(str(train / "metrics.jsonl"))
     assert [e["event"] for e in events] == ["rewind"]  # the spikes it rewound over were trained again
     assert "rewound to step 50, skipped batches 60-67" in (train / ".status").read_text()
+    assert not (train / "rewound").exists()  # the set-aside checkpoints go when training ends
     result = json.loads((train / "train_result.json").read_text())
     assert result["final_step"] == STEPS - 1
     assert result["interventions"] == {
