@@ -13,7 +13,6 @@ same file `drydock status` reads, so it works wherever the step runs.
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 import time
@@ -26,7 +25,7 @@ from rich.table import Table
 
 from pipeline.core.figures import figures_text, live_figures
 from pipeline.storage.files import Storage
-from pipeline.storage.layout import PROGRESS
+from pipeline.storage.step_store import StepStore
 
 __all__ = ["RunConsole"]
 
@@ -52,7 +51,7 @@ class RunConsole:
     ) -> None:
         self._stream = stream or sys.stderr
         self._interactive = self._stream.isatty() if interactive is None else interactive
-        self._storage = storage
+        self._store = StepStore(storage) if storage is not None else None
         self._paths = paths
         self._run_id = run_id
         self._progress_every = progress_every
@@ -91,16 +90,10 @@ class RunConsole:
     def progress_text(self, label: str) -> str | None:
         """`train/x-…  96/320 steps  loss 2.28  24.5k tok/s  ETA 20s` from the step's `.progress`
         of this run; None if it has reported none."""
-        if self._storage is None or label not in self._paths:
+        if self._store is None or label not in self._paths:
             return None
-        raw = self._storage.read(f"{self._paths[label]}/{PROGRESS}")
-        if not raw:
-            return None
-        try:
-            report = json.loads(raw)
-        except ValueError:
-            return None
-        if not isinstance(report, dict) or report.get("run_id") != self._run_id:
+        report = self._store.read_progress(self._paths[label])
+        if report is None or report.get("run_id") != self._run_id:
             return None  # an earlier run's report
         return " ".join(_progress_parts(report, self._clock()))
 

@@ -150,6 +150,15 @@ class StepStore:
         runs = [e for e in events if e.event == Event.RUNNING]
         if not runs:
             return None
+        report = self.read_progress(step_dir)
+        # An earlier attempt's progress says nothing about this one.
+        if report is None or report.get("token") != runs[-1].token:
+            return None
+        return report
+
+    def read_progress(self, step_dir: str) -> dict[str, Any] | None:
+        """The step's `.progress` report as it is, whichever attempt wrote it; None without one
+        or when it is unreadable."""
         raw = self.storage.read(f"{step_dir}/{PROGRESS}")
         if not raw:
             return None
@@ -157,10 +166,7 @@ class StepStore:
             report = json.loads(raw)
         except ValueError:
             return None
-        # An earlier attempt's progress says nothing about this one.
-        if not isinstance(report, dict) or report.get("token") != runs[-1].token:
-            return None
-        return report
+        return report if isinstance(report, dict) else None
 
     def clear_payload(self, step_dir: str) -> list[str]:
         """Delete the step's own output (not Drydock's files): a forced rerun starts from nothing.
