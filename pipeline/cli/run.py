@@ -107,19 +107,21 @@ def _run_target(command: str, args: Sequence[str], extra: list[str]) -> int:
 
 def run_manifest(location: str, options: Sequence[str]) -> int:
     """Rebuild the DAG recorded in the manifest at `location` and run (or plan) it."""
-    from pipeline.run.recipe import load_recipe, recipe_code, rerun_argv
+    from pipeline.run.recipe import rebuild_recipe, recipe_code, rerun_argv
+    from pipeline.storage.manifests import load_manifest
 
     try:
         source, options = split_source(options)
-        manifest, roots = load_recipe(location, source)
+        manifest = load_manifest(location)
+        if "--dry_run" in options or any(o.startswith("--dry_run=") for o in options):
+            # A recipe may be someone else's: the plan shows the code it would run, first.
+            print("code this recipe runs:", file=sys.stderr)
+            for ref, names in recipe_code(manifest).items():
+                print(f"  {ref}  ({', '.join(names)})", file=sys.stderr)
+        roots = rebuild_recipe(manifest, location, source)
     except DrydockError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if "--dry_run" in options or any(o.startswith("--dry_run=") for o in options):
-        # A recipe may be someone else's: the plan shows the code it would run.
-        print("code this recipe runs:", file=sys.stderr)
-        for ref, names in recipe_code(manifest).items():
-            print(f"  {ref}  ({', '.join(names)})", file=sys.stderr)
     try:
         executor_main(
             roots,

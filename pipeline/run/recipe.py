@@ -40,6 +40,7 @@ __all__ = [
     "RecipeError",
     "encode_step",
     "load_recipe",
+    "rebuild_recipe",
     "recipe_code",
     "recipe_entries",
     "steps_from_manifest",
@@ -456,9 +457,14 @@ def load_recipe(location: str, source: str | None = None) -> tuple[dict[str, Any
     is not the code that wrote the manifest (a config class gained a field, say), and the rerun
     would quietly compute different steps, so it is an error that names them.
     """
+    manifest = load_manifest(location)
+    return manifest, rebuild_recipe(manifest, location, source)
+
+
+def rebuild_recipe(manifest: dict[str, Any], location: str, source: str | None = None) -> list[Step]:
+    """The root steps of a loaded manifest's recipe, their identities checked (see `load_recipe`)."""
     from pipeline.core.dag import build_dag
 
-    manifest = load_manifest(location)
     _all, roots = steps_from_manifest(manifest, source)
     # Identities do not depend on the prefix (paths under it are relative), so any prefix will do.
     dag = build_dag(roots, manifest.get("prefix") or "memory://recipe")
@@ -473,7 +479,7 @@ def load_recipe(location: str, source: str | None = None) -> tuple[dict[str, Any
             "check out the commit the manifest names (`git`) to rerun it exactly",
             field="MANIFEST",
         )
-    return manifest, roots
+    return roots
 
 
 def rerun_argv(manifest: Mapping[str, Any], options: Sequence[str]) -> list[str]:
