@@ -78,6 +78,9 @@ def test_a_file_the_manifest_names_is_never_executed_unless_the_user_names_it(tm
     refused_without_running(
         tmp_path, tampered(tmp_path, data), marker, "does not run a file a manifest names"
     )
+    # The plan still shows what the recipe would run, before it refuses.
+    plan = drydock("plan", str(tampered(tmp_path, data)))
+    assert plan.returncode == 2 and "code this recipe runs:\n  __main__:write_value  (data/a)" in plan.stderr
 
 
 def test_the_plan_of_a_manifest_lists_the_code_it_would_run(tmp_path):
