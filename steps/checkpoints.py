@@ -144,13 +144,9 @@ def delete_checkpoints(root: str, *, after: int | None, set_aside: str | None = 
     or not, newest first, so that an interruption leaves the latest survivor an older one.
     Returns the steps deleted.
 
-    With `set_aside` (a local directory), local checkpoints are moved there instead of deleted:
-    a process that saves a checkpoint of the same step again must not find the deleted one's
-    files' identities reused. TensorStore caches what it wrote by path and validates the cache by
-    file generation (modification time and inode); a new file that reuses a freed inode within
-    the same second looks unchanged, and the new save then reads data the old one wrote. Keeping
-    the old files until the process is done keeps their inodes taken. Object stores give every
-    write a new generation: there they are deleted.
+    With `set_aside` (a local directory), local checkpoints are moved there instead of deleted,
+    and kept until the caller is done (train_moe: until training ends), as evidence of what a
+    rewind went back past. On object stores they are deleted.
     """
     fs, plain = fsspec.core.url_to_fs(root)
     fs.invalidate_cache()

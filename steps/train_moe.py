@@ -377,7 +377,7 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
 
     from steps.mixture import load_data_config
     from steps.moe import to_levanter
-    from steps.training_hooks import fix_mixtral_jit_log, read_events, write_file
+    from steps.training_hooks import fix_mixtral_jit_log, fresh_tensorstore_cache, read_events, write_file
 
     out = config.output
     checkpoints = os.path.join(out, "checkpoints")
@@ -407,6 +407,7 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
             break
         except RewindNeeded as e:
             rewind = _rewind(config, e, rewinds, checkpoints)
+            fresh_tensorstore_cache()  # the same steps are saved again at the same paths
             rewinds.append(rewind)
             payload = {"rewinds": [r.to_json() for r in rewinds]}
             write_file(rewinds_path, json.dumps(payload, indent=1).encode())
@@ -508,7 +509,7 @@ def _rewind(config: TrainMoeConfig, needed: RewindNeeded, rewinds: list[Rewind],
     # the next step's loss). Restoring it retrains from step N + 1.
     before = [step for step in complete_checkpoints(checkpoints) if step + 1 < needed.first_step]
     restored = max(before) if before else None
-    # Set aside, not deleted, while this process trains on: see delete_checkpoints.
+    # Set aside (local disk) until training ends: see delete_checkpoints.
     delete_checkpoints(
         checkpoints,
         after=restored,

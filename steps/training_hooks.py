@@ -57,6 +57,7 @@ __all__ = [
     "begin_metrics",
     "checkpoint_saved",
     "fix_mixtral_jit_log",
+    "fresh_tensorstore_cache",
     "jit_log_breaks_grad",
     "local_path",
     "publish_metrics",
@@ -590,3 +591,26 @@ def scale_learning_rate(optimizer: Any, rewinds: Sequence[Rewind]) -> Any:
 
     object.__setattr__(optimizer, "lr_scheduler", scaled_scheduler)
     return optimizer
+
+
+def fresh_tensorstore_cache() -> None:
+    """Give JAX's checkpoint serialization a new TensorStore context, so a new, empty cache.
+
+    JAX keeps one context (with a 10 GB cache pool) for the whole process and binds it as the
+    default argument of its serialization functions. A rewind moves checkpoints away and the
+    training saves the same steps again at the same paths; with the old cache, TensorStore took
+    the new OCDBT database for the old one and read data files that were no longer there
+    ("Error reading Byte range ... step-40/d/..."). Called after every rewind.
+    """
+    import jax.experimental.array_serialization.serialization as serialization
+    import jax.experimental.array_serialization.tensorstore_impl as impl
+    import tensorstore as ts
+
+    old = impl._TS_CONTEXT
+    new = ts.Context(old.spec)
+    for module in (impl, serialization):
+        for name, value in list(vars(module).items()):
+            if value is old:
+                setattr(module, name, new)
+            elif callable(value) and getattr(value, "__defaults__", None):
+                value.__defaults__ = tuple(new if d is old else d for d in value.__defaults__)
