@@ -295,6 +295,7 @@ class _Execution:
         token = taken.token
         self.heartbeat.add(step_dir, label, token, since=asked)
         started = self.clock()
+        released = False
         try:
             if label in self.rerun_after and attempt == 1:
                 # --force redoes the step from nothing: a training must not "resume" from the
@@ -304,7 +305,9 @@ class _Execution:
                     logger.info(
                         "%s: --force removed its previous output (%s)", label, ", ".join(sorted(removed))
                     )
-            return self._run_and_commit(label, attempt, token, started)
+            event = self._run_and_commit(label, attempt, token, started)
+            released = True  # the commit released the lease, whether it wrote SUCCESS or not
+            return event
         # SystemExit: a step calling sys.exit() has failed; it must not stop the executor.
         except (Exception, SystemExit, StepCancelled) as e:
             # A step whose writes the fence refused ran past its lease (pipeline/run/fence.py): lost,
@@ -319,8 +322,9 @@ class _Execution:
             return _Event(label, kind, message, tb, started=started, ended=self.clock())
         finally:
             self.heartbeat.remove(step_dir)
-            # Whatever happened, the lease goes (a no-op if released above or no longer ours).
-            self.store.release(step_dir, self.owner, token)
+            # Whatever happened, the lease goes (a no-op if no longer ours).
+            if not released:
+                self.store.release(step_dir, self.owner, token)
 
     def _write_step_json(self, label: str, attempt: int, token: int, started: float) -> tuple[Any, str]:
         """Record `.step.json` for this attempt; returns the resolved config the function gets

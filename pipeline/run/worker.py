@@ -25,6 +25,7 @@ import logging
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -122,33 +123,26 @@ instance down) loses at most this many seconds of its log."""
 
 
 class _LogSync:
-    """Writes the attempt's log copy to `log_path` every `every` seconds while it grows, and once
-    more at the end; never once the attempt's lease may have expired (the step directory may then
-    be another runner's)."""
+    """Writes the attempt's log copy (`read()`: its bytes so far) to `log_path` every `every`
+    seconds while it grows, and once more at the end; never once the attempt's lease may have
+    expired (the step directory may then be another runner's). An attempt that wrote nothing
+    leaves no log file: an empty one would cost a file (and the `.logs` directory) per step.
+    The periodic writes come from one thread per process (`_SYNCER`), not one per attempt."""
 
-    def __init__(self, local: Any, log_path: str, fence: Fence | None, every: float) -> None:
+    def __init__(self, read: Callable[[], bytes], log_path: str, fence: Fence | None, every: float) -> None:
         from pipeline.storage.files import open_storage
 
-        self._local, self._path, self._fence, self._every = local, log_path, fence, every
+        self._read, self._path, self._fence, self.every = read, log_path, fence, every
         self._storage = open_storage(log_path)
-        self._written = -1
+        self._written = 0
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="drydock-log-sync", daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self._every):
-            with contextlib.suppress(Exception, LeaseExpired):  # the final write reports problems
-                self.write()
+        _SYNCER.add(self)
 
     def write(self) -> None:
         with self._lock:
-            self._local.flush()
-            with open(self._local.name, "rb") as f:
-                data = f.read()
+            data = self._read()
             if len(data) == self._written:
                 return
             if self._fence is not None and self._fence.remaining() <= 0:
@@ -157,8 +151,66 @@ class _LogSync:
             self._written = len(data)
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
+        """No periodic write after this returns (the final one is the caller's)."""
+        _SYNCER.remove(self)
+
+
+class _Syncer:
+    """The thread that writes out the log copies of this process's running attempts, each every
+    `every` seconds; started on first use."""
+
+    def __init__(self) -> None:
+        self._due: dict[_LogSync, float] = {}
+        self._changed = threading.Condition()
+        self._writing: _LogSync | None = None
+        self._thread: threading.Thread | None = None
+
+    def add(self, sync: _LogSync) -> None:
+        with self._changed:
+            self._due[sync] = time.monotonic() + sync.every
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="drydock-log-sync", daemon=True)
+                _ORIGINAL_START(self._thread)  # never routed into the log of the step that starts it
+            self._changed.notify()
+
+    def remove(self, sync: _LogSync) -> None:
+        with self._changed:
+            self._due.pop(sync, None)
+            while self._writing is sync:  # a periodic write of it is under way: let it finish
+                self._changed.wait()
+
+    def _loop(self) -> None:
+        with self._changed:
+            while True:
+                now = time.monotonic()
+                sync = min(self._due, key=self._due.__getitem__, default=None)
+                if sync is None or self._due[sync] > now:
+                    self._changed.wait(None if sync is None else self._due[sync] - now)
+                    continue
+                self._due[sync] = now + sync.every
+                self._writing = sync
+                self._changed.release()
+                try:
+                    with contextlib.suppress(Exception, LeaseExpired):  # the final write reports
+                        sync.write()
+                finally:
+                    self._changed.acquire()
+                    self._writing = None
+                    self._changed.notify_all()
+
+
+_SYNCER = _Syncer()
+
+
+def _file_reader(local: Any) -> Callable[[], bytes]:
+    """What a log copy kept in the temporary file `local` holds so far."""
+
+    def read() -> bytes:
+        local.flush()
+        with open(local.name, "rb") as f:
+            return f.read()
+
+    return read
 
 
 @contextlib.contextmanager
@@ -173,7 +225,7 @@ def _captured(
     """
     with (
         tempfile.NamedTemporaryFile("w+", suffix=".log") as local,
-        _log_copy(local, log_path, fence, sync_every),
+        _log_copy(local, _file_reader(local), log_path, fence, sync_every),
     ):
         handler = logging.StreamHandler(local)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -192,11 +244,13 @@ def _captured(
 
 
 @contextlib.contextmanager
-def _log_copy(local: Any, log_path: str, fence: Fence | None, sync_every: float) -> Iterator[None]:
+def _log_copy(
+    local: Any, read: Callable[[], bytes], log_path: str, fence: Fence | None, sync_every: float
+) -> Iterator[None]:
     """Write the attempt's local log copy out to `log_path` as it grows (`_LogSync`) and once more
     at the end, after the traceback of whatever ended the body; a failed copy is reported, never
     raised (a log copy must never change how the step ends)."""
-    sync = _LogSync(local, log_path, fence, sync_every)
+    sync = _LogSync(read, log_path, fence, sync_every)
     sync.start()
     try:
         yield
@@ -331,16 +385,24 @@ def _captured_thread(
     """`_captured` for a step running in a thread of a process shared with other steps: only
     this thread's output and log records, through the process's routers."""
     ident = threading.get_ident()
-    with (
-        tempfile.NamedTemporaryFile("w+", suffix=".log") as local,
-        _log_copy(local, log_path, fence, sync_every),
-    ):
+    # In memory, not a temporary file: a first run of many small steps is bound by how fast the
+    # file system makes files (docs/performance.md), and a thread's log needs no file of its own.
+    local = _LogBuffer()
+    with _log_copy(local, local.contents, log_path, fence, sync_every):
         _routers()
         _bind(ident, (local, echo))
         try:
             yield
         finally:
             _bind(ident, None)
+
+
+class _LogBuffer(io.StringIO):
+    """A step thread's log copy, in memory; written to by the step's threads and read by its
+    `_LogSync`."""
+
+    def contents(self) -> bytes:
+        return self.getvalue().encode("utf-8", "replace")
 
 
 def _lease_deadline(context: StepContext) -> Callable[[], float | None]:

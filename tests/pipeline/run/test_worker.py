@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
+import time
 
+import pytest
+
+from pipeline.run import worker
 from pipeline.run.step_events import StepContext
 from pipeline.run.worker import Placement, call_step
 
@@ -35,3 +40,49 @@ def test_a_handler_the_step_made_outlives_its_log_copy(tmp_path, capfd):
     # The log copy has what the step printed, and nothing written after it ended.
     text = log.read_text()
     assert "during the step" in text and "after the step" not in text
+
+
+def _quiet(config: object) -> None:
+    """Prints nothing."""
+
+
+def _talks_late(config: float) -> None:
+    print("first")
+    time.sleep(config)
+    print("second")
+
+
+@pytest.mark.parametrize("placement", list(Placement))
+def test_an_attempt_that_prints_nothing_leaves_no_log_file(tmp_path, placement):
+    """An empty log would cost a file and the `.logs` directory per step (docs/performance.md)."""
+    log = tmp_path / "step" / ".logs" / "attempt-1.log"
+    context = StepContext(str(tmp_path / "step"), "run", 1)
+    call_step(_quiet, None, context, placement=placement, log_path=str(log), echo=False)
+    assert not log.parent.exists()
+
+
+@pytest.mark.parametrize("placement", list(Placement))
+def test_a_running_attempts_log_is_written_out_as_it_grows(tmp_path, placement):
+    """The periodic copy (one thread per process for every attempt) writes what the step printed
+    so far while it runs, and the final copy has all of it."""
+    log = tmp_path / "step" / ".logs" / "attempt-1.log"
+    seen: list[str] = []
+
+    def watch() -> None:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not seen:
+            if log.exists() and "first" in log.read_text():
+                seen.append(log.read_text())
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    if placement is Placement.PROCESS:
+        with worker._captured(str(log), sync_every=0.05):
+            _talks_late(0.5)
+    else:
+        with worker._captured_thread(str(log), echo=False, sync_every=0.05):
+            _talks_late(0.5)
+    watcher.join()
+    assert seen and "second" not in seen[0]  # written out while the step still ran
+    assert log.read_text().splitlines()[-2:] == ["first", "second"]
