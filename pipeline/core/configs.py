@@ -13,7 +13,7 @@ import enum
 import functools
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,7 @@ __all__ = ["ConfigRefs", "collect_refs", "resolve_config", "to_plain"]
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ConfigRefs:
     """What a config declares, by dotted path."""
 
@@ -49,17 +49,6 @@ def _join(path: str, key: str | int) -> str:
 def _field_names(cls: type) -> tuple[str, ...]:
     # dataclasses.fields() builds a fresh tuple per call; a large DAG asks once per config.
     return tuple(f.name for f in dataclasses.fields(cls))
-
-
-def _children(value: Any) -> Iterator[tuple[str | int, Any]] | None:
-    """The (key, child) pairs of a container, or None for a leaf."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value))
-    if isinstance(value, list | tuple):
-        return iter(enumerate(value))
-    if isinstance(value, dict):
-        return iter(value.items())
-    return None
 
 
 def collect_refs(step_name: str, config: Any) -> ConfigRefs:
@@ -121,19 +110,26 @@ def _collect(step: str, value: Any, path: str, in_versioned: bool, refs: ConfigR
             f"holds step {value.name!r} itself; use output_of(step) or step / 'sub' for its output path",
             field=path,
         )
-    children = _children(value)
-    if children is None:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        children: Any = ((name, getattr(value, name)) for name in _field_names(type(value)))
+    elif isinstance(value, list | tuple):
+        children = enumerate(value)
+    elif isinstance(value, dict):
+        for key in value:
+            if not isinstance(key, str):
+                raise StepDeclarationError(
+                    step, f"dict keys must be strings, got {key!r} ({type(key).__name__})", field=path
+                )
+        children = value.items()
+    else:
         return
     # A config that contains itself would recurse forever; configs are trees.
     if id(value) in seen:
         raise StepDeclarationError(step, "config refers to itself (configs must be trees)", field=path)
     seen.add(id(value))
     for key, child in children:
-        if isinstance(value, dict) and not isinstance(key, str):
-            raise StepDeclarationError(
-                step, f"dict keys must be strings, got {key!r} ({type(key).__name__})", field=path
-            )
-        _collect(step, child, _join(path, key), in_versioned, refs, seen)
+        if type(child) not in _LEAVES:  # leaves hold nothing to collect: no path to build
+            _collect(step, child, _join(path, key), in_versioned, refs, seen)
     seen.discard(id(value))
 
 

@@ -28,7 +28,7 @@ __all__ = ["Dag", "StepNode", "build_dag", "drift_config", "fn_import_path", "jo
 _NAME_PART = re.compile(rf"^{NAME_PART}$")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StepNode:
     """One de-duplicated step of the DAG, with everything planning needs."""
 
@@ -88,8 +88,22 @@ NAME_MAX = 255
 _LABEL_LIKE = re.compile(rf".+-[0-9a-f]{{{HASH_CHARS}}}$")
 
 
+_PLAIN_NAME = re.compile(rf"{NAME_PART}(?:/{NAME_PART})*")
+_LABEL_INSIDE = re.compile(rf"-[0-9a-f]{{{HASH_CHARS}}}/")
+
+
 def validate_name(name: Any) -> None:
     """Raise `StepDeclarationError` unless `name` is a relative slash path of safe parts."""
+    # Almost every name is fine: one match decides (ASCII only, so characters are bytes); the
+    # checks below find what is wrong with the others, one part at a time.
+    short = NAME_MAX - HASH_CHARS - 1
+    if (
+        type(name) is str
+        and len(name) <= short
+        and _PLAIN_NAME.fullmatch(name)
+        and not _LABEL_INSIDE.search(name)
+    ):
+        return
     if not isinstance(name, str) or not name:
         raise StepDeclarationError(
             None, f"a step name must be a non-empty string, got {name!r}", field="name"

@@ -11,6 +11,7 @@ fields and the `blocking` flag of an input never enter identity. No I/O here.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
@@ -38,12 +39,12 @@ class Identity:
     payload: Mapping[str, Any]
     """The canonical description that was hashed (recorded in `.step.json`, used to explain)."""
 
-    @property
+    @functools.cached_property  # asked for tens of times per step while building a DAG
     def short(self) -> str:
         """The first `HASH_CHARS` hex characters of the hash."""
         return self.hash[:HASH_CHARS]
 
-    @property
+    @functools.cached_property
     def label(self) -> str:
         """`name-<12 hex>`: the display name and the output directory below the prefix."""
         return f"{self.name}-{self.short}"

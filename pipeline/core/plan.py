@@ -45,7 +45,7 @@ class State(enum.StrEnum):
     CANCELLED = "CANCELLED"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StepPlan:
     """One step's entry in the plan."""
 

@@ -22,6 +22,7 @@ from pipeline.core.dag import Dag
 from pipeline.core.drift import MISSING, json_diff, short
 from pipeline.core.identity import HASH_CHARS
 from pipeline.core.plan import Plan, State
+from pipeline.core.records import Event
 from pipeline.storage.files import Storage
 from pipeline.storage.layout import split_label
 from pipeline.storage.step_store import StepStore
@@ -120,6 +121,8 @@ class Explanation:
     state: str | None
     """The last state event of this very identity's directory, if it has one."""
     others: tuple[OtherRun, ...] = field(default=())
+    step_json_note: str | None = None
+    """Set when this identity's `.step.json` is not the one its SUCCESS recorded (edited since)."""
 
 
 def _short(value: Any, width: int = 48) -> str:
@@ -290,6 +293,7 @@ def explain_step(dag: Dag, label: str, store: StepStore) -> Explanation:
     # Newest first: the run someone just did is the one they compare with.
     others.sort(key=lambda o: -(o.time or 0.0))
     return Explanation(
+        step_json_note=_step_json_note(store, node.output_path),
         label=label,
         hash=node.identity.hash,
         output_path=node.output_path,
@@ -298,6 +302,23 @@ def explain_step(dag: Dag, label: str, store: StepStore) -> Explanation:
         state=state,
         others=tuple(others),
     )
+
+
+def _step_json_note(store: StepStore, step_dir: str) -> str | None:
+    """What is wrong with a committed step's `.step.json`, if it is not the file its SUCCESS
+    recorded the digest of. Plans do not read it (SUCCESS is the record of what ran)."""
+    try:
+        last = store.record(step_dir, with_metadata=False).last
+    except Exception:
+        return None
+    recorded = last.data.get("step_json") if last is not None and last.event == Event.SUCCESS else None
+    if not isinstance(recorded, str):
+        return None  # not committed, or committed by a version that recorded no digest
+    current = store.step_json_digest(step_dir)
+    if current == recorded:
+        return None
+    what = "is missing" if current is None else "was changed after the step committed"
+    return f"its .step.json {what}; its SUCCESS record (what ran) is unchanged"
 
 
 def _change_lines(changes: Sequence[Change], indent: str) -> list[str]:
@@ -326,6 +347,7 @@ def format_explanation(exp: Explanation, dag: Dag, *, now: float) -> str:
     lines = [
         f"{exp.label}",
         f"  output:   {exp.output_path}  [{exp.state or 'not started'}]",
+        *([f"  note:     {exp.step_json_note}"] if exp.step_json_note else []),
         f"  identity: sha256 {exp.hash}",
         "  of (everything below, nothing else):",
         f"    name     {p.get('name')!r}",

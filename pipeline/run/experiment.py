@@ -83,32 +83,24 @@ def prepare(
 def unchanged_steps(dag: Dag, store: StepStore, snapshot: dict[str, StepRecord]) -> set[str]:
     """Labels of the finished steps whose recorded config and code equal the current ones.
 
-    Their SUCCESS carries digests of both (`pipeline.core.drift.drift_digest`) and of the
-    `.step.json` it was written with; when the current digests match, the plan needs no drift
-    notes and `.step.json` is never parsed. Every other finished step gets its `.step.json` read
-    into the snapshot, for the notes.
+    Their SUCCESS carries a digest of both (`pipeline.core.drift.drift_digest`); when the current
+    digest matches, the plan needs no drift notes and `.step.json` is not read at all: one read
+    per cached step (its `.status`). SUCCESS, written under the lease by the attempt that ran,
+    is the record of what ran; `.step.json` is its readable copy, so a copy edited by hand changes
+    no plan (`drydock explain` says so). Every other finished step gets its `.step.json` read into
+    the snapshot, for the notes.
     """
-    candidates = {}  # label -> its SUCCESS's data, for the steps whose drift digest matches
-    stale = []
+    unchanged = set()
     for label, node in dag.nodes.items():
         record = snapshot.get(node.output_path)
         if record is None or not record.succeeded:
             continue
         recorded = record.last.data if record.last is not None else {}
         if isinstance(recorded, Mapping) and recorded.get("drift") == drift_digest_of(dag, label):
-            candidates[label] = recorded
-        else:
-            stale.append(label)
-    files = store.step_json_digests(dag.nodes[label].output_path for label in candidates)
-    unchanged = set()
-    for label, recorded in candidates.items():
-        if recorded.get("step_json") == files[dag.nodes[label].output_path]:
             unchanged.add(label)
         else:
-            stale.append(label)
-    for label in stale:
-        path = dag.nodes[label].output_path
-        snapshot[path] = replace(snapshot[path], step_json=store.read_step_json(path))
+            path = node.output_path
+            snapshot[path] = replace(snapshot[path], step_json=store.read_step_json(path))
     return unchanged
 
 

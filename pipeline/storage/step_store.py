@@ -119,10 +119,6 @@ class StepStore:
 
         return self._each(dirs, one, threads)
 
-    def step_json_digests(self, step_dirs: Iterable[str], *, threads: int = 16) -> dict[str, str | None]:
-        """`step_json_digest` of many step directories (read in parallel on object stores)."""
-        return self._each(list(dict.fromkeys(step_dirs)), self.step_json_digest, threads)
-
     def _each(self, dirs: list[str], fn: Callable[[str], T], threads: int) -> dict[str, T]:
         return dict(zip(dirs, map_reads(self.storage, fn, dirs, threads=threads), strict=True))
 

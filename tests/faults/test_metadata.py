@@ -4,8 +4,8 @@
   out), `status` shows CORRUPT, `run --force STEP` sets the file aside and reruns the step;
 * a `.status` cut short (a torn last line): the torn line is ignored, so a step whose SUCCESS
   was cut off is simply not done, and the next run reruns it;
-* a `.step.json` edited by hand (any JSON, or not JSON): the step stays cached (identity is its
-  directory name) with a note saying the file is unreadable; `--force` rewrites it.
+* a `.step.json` edited by hand (any JSON, or not JSON) or deleted: the step stays cached with no
+  note (its SUCCESS records what ran), `explain` says the file changed; `--force` rewrites it.
 """
 
 from __future__ import annotations
@@ -49,6 +49,15 @@ def status_json(exp: Experiment) -> dict[str, dict]:
     result = cli(exp, "status", "--json")
     assert result.returncode == 0, result.stderr
     return {s["name"]: s for s in json.loads(result.stdout)["steps"]}
+
+
+def explain(exp: Experiment, name: str) -> str:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_AUTH_MODE="disabled")
+    env.pop("DRYDOCK_PREFIX", None)
+    command = [sys.executable, "-m", "pipeline", "explain", str(exp.file), name, "--prefix", str(exp.prefix)]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
 
 
 def plan_json(exp: Experiment) -> dict[str, dict]:
@@ -99,25 +108,31 @@ def test_status_cut_short_loses_the_success_and_the_step_reruns(tmp_path):
     assert len(verdict.committed) == 6 and verdict.problems == ()
 
 
-def test_hand_edited_step_json_is_noted_not_fatal_and_force_rewrites_it(tmp_path):
+def test_hand_edited_step_json_changes_no_plan_explain_notes_it_and_force_rewrites_it(tmp_path):
+    """SUCCESS, written under the lease by the attempt that ran, is the record of what ran; the
+    plan reads only `.status` of a cached step, so a `.step.json` edited by hand (its readable
+    copy) changes nothing there. `explain` compares the file with the digest SUCCESS recorded."""
     exp = done_experiment(tmp_path)
     edits = {"src/s0": b"[1, 2]", "src/s1": b'{"fn": "x", "prefix": 3}', "src/s2": b'{"name": "src/s2", '}
     for name, content in edits.items():
         (step_dir(exp, name) / ".step.json").write_bytes(content)
+    (step_dir(exp, "mid/m0") / ".step.json").unlink()
     planned = plan_json(exp)
-    for name in ("src/s0", "src/s2"):
-        assert planned[name]["state"] == "CACHED"
-        assert planned[name]["reason"] == "cached; .step.json is unreadable; identity matches"
-    assert planned["src/s1"]["state"] == "CACHED" and planned["src/s1"]["notes"]
+    for name in [*edits, "mid/m0"]:
+        assert planned[name]["state"] == "CACHED" and planned[name]["reason"] == "cached"
     assert {s["status"] for s in status_json(exp).values()} == {"SUCCESS"}
-    assert cli(exp, "run").returncode == 0  # cached: nothing reruns because of a note
+    assert cli(exp, "run").returncode == 0  # cached: nothing reruns
+    for name, what in [("src/s1", "was changed after the step committed"), ("mid/m0", "is missing")]:
+        explained = explain(exp, name)
+        assert f"note:     its .step.json {what}; its SUCCESS record (what ran) is unchanged" in explained
+    assert "note:" not in explain(exp, "mid/m1")
 
     forced = cli(exp, "run", "--force", "^src/")
     assert forced.returncode == 0, forced.stderr
     for name in edits:
         info = json.loads((step_dir(exp, name) / ".step.json").read_text())
         assert info["name"] == name
-    assert plan_json(exp)["src/s0"]["reason"] == "cached"
+    assert "note:" not in explain(exp, "src/s1")
 
 
 def _running(status: Path) -> None:

@@ -1,5 +1,7 @@
 """The run state machine, fed made-up events: nothing runs."""
 
+import dataclasses
+
 from pipeline.core.dag import build_dag
 from pipeline.core.plan import State, make_plan
 from pipeline.core.run_state import RunState
@@ -88,7 +90,7 @@ def test_cached_steps_count_as_done():
     plan = plan.__class__(
         plan.dag,
         {
-            label: (sp.__class__(**{**sp.__dict__, "state": State.CACHED}) if label in cached else sp)
+            label: (dataclasses.replace(sp, state=State.CACHED) if label in cached else sp)
             for label, sp in plan.steps.items()
         },
     )

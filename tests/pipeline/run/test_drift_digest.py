@@ -61,7 +61,9 @@ def test_a_changed_unversioned_field_reads_only_that_step_and_notes_it(done, mon
     assert [c.rsplit("-", 1)[0] for c in calls] == ["a"]
 
 
-def test_a_hand_edited_step_json_is_still_noticed(done, monkeypatch):
+def test_a_cached_plan_reads_only_status_and_trusts_success_over_a_hand_edited_step_json(done, monkeypatch):
+    """One read per cached step: `.step.json` is read only where the drift digest differs; a
+    copy edited by hand changes no plan (SUCCESS records what ran)."""
     _dag, _store, plan = prepare(steps(), done)
     a = next(iter(plan.steps.values()))
     path = f"{a.output_path}/.step.json"
@@ -70,5 +72,12 @@ def test_a_hand_edited_step_json_is_still_noticed(done, monkeypatch):
     info["config"]["log_every"] = 99
     with open(path, "w") as f:
         json.dump(info, f)
+    read: list[str] = []
+    original = StepStore.read_step_json
+    monkeypatch.setattr(StepStore, "read_step_json", lambda self, d: read.append(d) or original(self, d))
     _dag, _store, plan = prepare(steps(), done)
-    assert next(iter(plan.steps.values())).reason == "cached; unversioned field `log_every` 99→10"
+    assert next(iter(plan.steps.values())).reason == "cached" and read == []
+    # A changed declaration differs from what SUCCESS recorded: the note compares with the file.
+    _dag, _store, plan = prepare(steps(log_every=50), done)
+    assert next(iter(plan.steps.values())).reason == "cached; unversioned field `log_every` 99→50"
+    assert read == [a.output_path]

@@ -101,8 +101,12 @@ def test_code_change_is_noted_for_cached_steps(tmp_path):
     store = StepStore(LocalStorage())
     step_dir = first.plan.dag.nodes[label].output_path
     info = dict(store.read_step_json(step_dir))
-    info["fn"] = {**info["fn"], "fingerprint": "0000000000000000"}  # as if produced by older code
+    # As if produced by older code: its .step.json and the drift digest its SUCCESS recorded.
+    info["fn"] = {**info["fn"], "fingerprint": "0000000000000000"}
     store.write_step_json(step_dir, info)
+    status = Path(step_dir) / ".status"
+    drift = store.events(step_dir)[-1].data["drift"]
+    status.write_text(status.read_text().replace(drift, "0000000000000000"))
     plan = run_experiment(chain(counter), ExecutorMainConfig(prefix=str(prefix), dry_run=True))
     assert "code of `write_value` changed since" in plan.steps[label].notes
 
