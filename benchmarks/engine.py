@@ -62,13 +62,24 @@ DEFAULT_SIZES = (1_000, 10_000, 100_000)
 DEFAULT_LAYERS = 32
 
 TARGETS = {
-    "plan_cached_10k_s": 2.0,
-    "first_run_1k_s": 4.0,
+    "rerun_cached_1k_s": 0.10,
+    "rerun_cached_10k_s": 1.0,
+    "rerun_cached_100k_s": 12.0,
+    "plan_cached_10k_s": 0.5,
+    "peak_rss_10k_mib": 130.0,
+    "peak_rss_100k_mib": 1300.0,
+    "first_run_1k_s": 2.0,
+    "linear": 1.5,
 }
 TARGET_TEXT = {
-    "plan_cached_10k_s": "planning 10,000 cached steps on local disk < 2 s",
-    "first_run_1k_s": "first run of 1,000 trivial steps < 4 s",
-    "linear": "cost grows linearly (per-step microseconds roughly constant across sizes)",
+    "rerun_cached_1k_s": "cached rerun of 1,000 steps <= 0.10 s",
+    "rerun_cached_10k_s": "cached rerun of 10,000 steps <= 1.0 s",
+    "rerun_cached_100k_s": "cached rerun of 100,000 steps <= 12 s",
+    "plan_cached_10k_s": "cached plan of 10,000 steps <= 0.5 s",
+    "peak_rss_10k_mib": "peak RSS of the 10,000-step size <= 130 MB",
+    "peak_rss_100k_mib": "peak RSS of the 100,000-step size <= 1.3 GB",
+    "first_run_1k_s": "first run of 1,000 trivial steps on `local` <= 2.0 s",
+    "linear": "per-step cost flat from the smallest to the largest size (within 1.5x)",
 }
 
 
@@ -250,10 +261,11 @@ def worker(size: int, layers: int, populate: str, repeat: int, budget_s: float) 
         cached = ExecutorMainConfig(prefix=os.path.join(root, "run-0"), backend="local")
 
         def first_run() -> None:
+            # Each on a prefix of its own, all deleted at the end: on ext4 without a journal (this
+            # machine), inodes freed in the last minutes are skipped when new files are made, so
+            # deleting the previous run's 6,000 files would slow the next run's file creation.
             nonlocal cached
             n = next(runs)
-            if n:
-                shutil.rmtree(cached.prefix or "", ignore_errors=True)
             cached = ExecutorMainConfig(prefix=os.path.join(root, f"run-{n}"), backend="local")
             report = run_experiment(steps, cached, description="engine benchmark")
             check(isinstance(report, RunReport) and report.ok, "first run failed")
@@ -285,8 +297,11 @@ def worker(size: int, layers: int, populate: str, repeat: int, budget_s: float) 
 
         out["rerun_cached"] = measure(rerun, size, repeat, budget_s)
         out["peak_rss_mib"] = maxrss_mib()
-    finally:
+    except BaseException:
         shutil.rmtree(root, ignore_errors=True)
+        raise
+    # The driver deletes it after the last size, for the same reason as in `first_run`.
+    out["root"] = root
     return out
 
 
@@ -384,13 +399,13 @@ def render(results: list[dict[str, Any]], info: dict[str, Any]) -> str:
     row("  per step", lambda r: _per_step(r["build"]), linear)
     row("plan, empty prefix", lambda r: _ms(r["plan_empty"]["best_s"]))
     row("  per step", lambda r: _per_step(r["plan_empty"]), linear)
-    row("plan, cached prefix", lambda r: _ms(r["plan_cached"]["best_s"]), "10k: < 2 s")
+    row("plan, cached prefix", lambda r: _ms(r["plan_cached"]["best_s"]), "10k: <= 0.5 s")
     row("  per step", lambda r: _per_step(r["plan_cached"]), linear)
-    row("cached rerun (run_experiment)", lambda r: _ms(r["rerun_cached"]["best_s"]))
+    row("cached rerun (run_experiment)", lambda r: _ms(r["rerun_cached"]["best_s"]), "0.1 / 1 / 12 s")
     row("  per step", lambda r: _per_step(r["rerun_cached"]), linear)
-    row("first run (local backend)", lambda r: _ms(r["first_run"]["best_s"]), "1k: < 4 s")
+    row("first run (local backend)", lambda r: _ms(r["first_run"]["best_s"]), "1k: <= 2 s")
     row("  steps/s", lambda r: f"{r['first_run']['steps_per_s']:,.0f}")
-    row("peak RSS", lambda r: f"{r['peak_rss_mib']:,.0f} MiB")
+    row("peak RSS", lambda r: f"{r['peak_rss_mib']:,.0f} MiB", "130 MB / 1.3 GB")
     row(
         "  after build / plan (cached)",
         lambda r: f"{r['rss_after_build_mib']:,.0f} / {r['rss_after_plan_cached_mib']:,.0f} MiB",
@@ -429,41 +444,52 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def verdicts(results: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    """(PASS/MISS/n/a, text with the figure) for each target."""
+    """(PASS/MISS/n/a, text with the figure) for each target (issue 17's, on this machine)."""
     by_size = {r["size"]: r for r in results}
+    checks: list[tuple[str, int, Callable[[dict[str, Any]], float], str]] = [
+        ("rerun_cached_1k_s", 1_000, lambda r: r["rerun_cached"]["best_s"], "s"),
+        ("rerun_cached_10k_s", 10_000, lambda r: r["rerun_cached"]["best_s"], "s"),
+        ("rerun_cached_100k_s", 100_000, lambda r: r["rerun_cached"]["best_s"], "s"),
+        ("plan_cached_10k_s", 10_000, lambda r: r["plan_cached"]["best_s"], "s"),
+        # MB as the issue writes them are MiB here (ru_maxrss is in KiB).
+        ("peak_rss_10k_mib", 10_000, lambda r: r["peak_rss_mib"], "MiB"),
+        ("peak_rss_100k_mib", 100_000, lambda r: r["peak_rss_mib"], "MiB"),
+        ("first_run_1k_s", 1_000, lambda r: r["first_run"]["best_s"], "s"),
+    ]
     out = []
-    r10k = by_size.get(10_000)
-    if r10k:
-        best = r10k["plan_cached"]["best_s"]
-        ok = best < TARGETS["plan_cached_10k_s"]
-        out.append(("PASS" if ok else "MISS", f"{TARGET_TEXT['plan_cached_10k_s']}: {best:.2f} s"))
-    else:
-        out.append(("n/a", TARGET_TEXT["plan_cached_10k_s"] + " (10,000 not among --sizes)"))
-    first = by_size.get(1_000, {}).get("first_run")
-    if first:
-        ok = first["best_s"] < TARGETS["first_run_1k_s"]
-        out.append(("PASS" if ok else "MISS", f"{TARGET_TEXT['first_run_1k_s']}: {first['best_s']:.2f} s"))
-    else:
-        out.append(("n/a", TARGET_TEXT["first_run_1k_s"] + " (1,000 not among --sizes)"))
+    for key, size, figure, unit in checks:
+        try:
+            value = figure(by_size[size])
+        except KeyError:
+            out.append(("n/a", f"{TARGET_TEXT[key]} ({size:,} not measured)"))
+            continue
+        shown = f"{value:.3f} s" if unit == "s" else f"{value:,.0f} MiB"
+        out.append(("PASS" if value <= TARGETS[key] else "MISS", f"{TARGET_TEXT[key]}: {shown}"))
     if len(results) >= 2:
-        worst, worst_no_gc = [], []
+        worst = []
         for key in ("build", "plan_empty", "plan_cached", "rerun_cached"):
             per_step = [r[key]["us_per_step"] for r in results]
-            no_gc = [(r[key]["best_s"] - r[key]["gc_s"]) / r["size"] for r in results]
             worst.append((max(per_step) / min(per_step), key))
-            worst_no_gc.append((max(no_gc) / min(no_gc), key))
         ratio, key = max(worst)
-        ratio_no_gc, key_no_gc = max(worst_no_gc)
-        # "Linear" here: the largest per-step cost within 2x of the smallest, across the sizes.
-        mark = "PASS" if ratio < 2.0 else "MISS"
-        out.append(
-            (
-                mark,
-                f"{TARGET_TEXT['linear']}: worst per-step spread {ratio:.2f}x ({key}); "
-                f"without GC time {ratio_no_gc:.2f}x ({key_no_gc})",
-            )
-        )
+        mark = "PASS" if ratio <= TARGETS["linear"] else "MISS"
+        out.append((mark, f"{TARGET_TEXT['linear']}: worst spread {ratio:.2f}x ({key})"))
     return out
+
+
+def measure_sizes(args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
+    """Measure each size in a fresh process, smallest first, appending to `results`."""
+    rate: float | None = None  # steps/s of the last real first run
+    for size in sorted(args.sizes):
+        populate = args.populate
+        if populate == "auto":
+            # Without a measured rate, run the executor only on sizes that are small anyway.
+            predicted = size / rate if rate else (0.0 if size <= 10_000 else float("inf"))
+            populate = "executor" if predicted < args.max_populate_s else "store"
+        print(f"... {size:,} steps (cached prefix via {populate})", file=sys.stderr, flush=True)
+        result = run_size(size, args.layers, populate, args.repeat, args.budget_s, args.timeout_s)
+        if "first_run" in result:
+            rate = result["first_run"]["steps_per_s"]
+        results.append(result)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -507,19 +533,11 @@ def main(argv: list[str] | None = None) -> int:
 
     info = machine()
     results: list[dict[str, Any]] = []
-    rate: float | None = None  # steps/s of the last real first run
-    for size in sorted(args.sizes):
-        populate = args.populate
-        if populate == "auto":
-            # Without a measured rate, run the executor only on sizes that are small anyway.
-            predicted = size / rate if rate else (0.0 if size <= 10_000 else float("inf"))
-            populate = "executor" if predicted < args.max_populate_s else "store"
-        print(f"... {size:,} steps (cached prefix via {populate})", file=sys.stderr, flush=True)
-        result = run_size(size, args.layers, populate, args.repeat, args.budget_s, args.timeout_s)
-        if "first_run" in result:
-            rate = result["first_run"]["steps_per_s"]
-        results.append(result)
-
+    try:
+        measure_sizes(args, results)
+    finally:
+        for result in results:
+            shutil.rmtree(result.pop("root", ""), ignore_errors=True)
     info["load_average_1m_end"] = os.getloadavg()[0]
     print(render(results, info))
     if any(r["populate"] == "store" for r in results):

@@ -36,6 +36,10 @@ class ConfigRefs:
     """`output_of` placeholders."""
     own_outputs: dict[str, ThisOutput]
     """`this_output` placeholders."""
+    plain: Any = None
+    """The config as drift notes compare it: `to_plain` (not strict) with strings under the
+    prefix relative to it, but with the placeholder objects left in place, to be rendered once
+    the labels are known (`dag.drift_text`). Made in the same walk that finds the references."""
 
 
 _LEAVES = frozenset({str, int, float, bool, type(None)})
@@ -51,8 +55,9 @@ def _field_names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
 
 
-def collect_refs(step_name: str, config: Any) -> ConfigRefs:
-    """Find every placeholder and versioned value in `config`.
+def collect_refs(step_name: str, config: Any, prefix: str | None = None) -> ConfigRefs:
+    """Find every placeholder and versioned value in `config`, and its plain form (`plain`, with
+    strings under `prefix` written relative to it), in one walk.
 
     Raises `StepDeclarationError` (naming the step and field) if the config is not a dataclass
     instance or a versioned value cannot be written as canonical JSON.
@@ -66,8 +71,8 @@ def collect_refs(step_name: str, config: Any) -> ConfigRefs:
         )
     _warn_if_mutable(step_name, type(config))
     refs = ConfigRefs({}, {}, {})
-    _collect(step_name, config, "", False, refs, set())
-    return refs
+    plain = _collect(step_name, config, "", False, refs, set(), prefix)
+    return ConfigRefs(refs.versioned, refs.inputs, refs.own_outputs, plain)
 
 
 _WARNED: set[type] = set()
@@ -88,20 +93,48 @@ def _warn_if_mutable(step_name: str, cls: type) -> None:
     )
 
 
-def _collect(step: str, value: Any, path: str, in_versioned: bool, refs: ConfigRefs, seen: set[int]) -> None:
-    if type(value) in _LEAVES:  # the common case first: configs are mostly plain values
-        return
-    if isinstance(value, Versioned):
-        _collect(step, value.value, path, True, refs, seen)
+def _collect(
+    step: str, value: Any, path: str, in_versioned: bool, refs: ConfigRefs, seen: set[int], prefix: str | None
+) -> Any:
+    """Record `value`'s references in `refs` and return its plain form: `to_plain(value,
+    strict=False, prefix=prefix)`, case for case and in the same order, except that placeholders
+    stay as they are."""
+    kind = type(value)
+    if kind is str:  # the common cases first: configs are mostly plain values
+        return relativize(value, prefix) if prefix is not None else value
+    if kind is int or kind is bool or value is None:
+        return value
+    # Exact types before the generic checks below: none of them is a str, number or enum.
+    if kind is Versioned:
+        plain = _collect(step, value.value, path, True, refs, seen, prefix)
         if path not in refs.versioned:
             refs.versioned[path] = to_plain(step, path, value.value, strict=True)
-        return
+        return plain
+    if kind is OutputOf:
+        refs.inputs[path] = value
+        return value
+    if kind is ThisOutput:
+        refs.own_outputs[path] = value
+        return value
+    if isinstance(value, str):
+        return relativize(value, prefix) if prefix is not None else value
+    if isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return _plain_float(value)
+    if isinstance(value, enum.Enum):
+        return _collect(step, value.value, path, in_versioned, refs, seen, prefix)
+    if isinstance(value, Versioned):
+        plain = _collect(step, value.value, path, True, refs, seen, prefix)
+        if path not in refs.versioned:
+            refs.versioned[path] = to_plain(step, path, value.value, strict=True)
+        return plain
     if isinstance(value, OutputOf):
         refs.inputs[path] = value
-        return
+        return value
     if isinstance(value, ThisOutput):
         refs.own_outputs[path] = value
-        return
+        return value
     if isinstance(value, Step):
         # A Step is a dataclass; walking into it would adopt the other step's placeholders and
         # versioned values as this step's own, with no DAG edge.
@@ -110,27 +143,41 @@ def _collect(step: str, value: Any, path: str, in_versioned: bool, refs: ConfigR
             f"holds step {value.name!r} itself; use output_of(step) or step / 'sub' for its output path",
             field=path,
         )
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        children: Any = ((name, getattr(value, name)) for name in _field_names(type(value)))
-    elif isinstance(value, list | tuple):
-        children = enumerate(value)
-    elif isinstance(value, dict):
-        for key in value:
-            if not isinstance(key, str):
-                raise StepDeclarationError(
-                    step, f"dict keys must be strings, got {key!r} ({type(key).__name__})", field=path
-                )
-        children = value.items()
-    else:
-        return
+    is_dataclass = hasattr(kind, "__dataclass_fields__") and not isinstance(value, type)
+    if not (is_dataclass or isinstance(value, list | tuple | dict)):
+        return repr(value)
     # A config that contains itself would recurse forever; configs are trees.
     if id(value) in seen:
         raise StepDeclarationError(step, "config refers to itself (configs must be trees)", field=path)
     seen.add(id(value))
-    for key, child in children:
-        if type(child) not in _LEAVES:  # leaves hold nothing to collect: no path to build
-            _collect(step, child, _join(path, key), in_versioned, refs, seen)
+    out: Any
+    if is_dataclass:
+        out = {"__class__": kind.__qualname__}
+        for name in _field_names(kind):
+            out[name] = _collect(
+                step, getattr(value, name), _join(path, name), in_versioned, refs, seen, prefix
+            )
+    elif isinstance(value, dict):
+        out = {}
+        for key, child in value.items():
+            if not isinstance(key, str):
+                raise StepDeclarationError(
+                    step, f"dict keys must be strings, got {key!r} ({type(key).__name__})", field=path
+                )
+            out[key] = _collect(step, child, _join(path, key), in_versioned, refs, seen, prefix)
+    else:
+        out = [
+            _collect(step, v, _join(path, i), in_versioned, refs, seen, prefix) for i, v in enumerate(value)
+        ]
     seen.discard(id(value))
+    return out
+
+
+def _plain_float(value: float) -> Any:
+    """Floats as identities write them: integral ones as ints, NaN and infinities as strings."""
+    if math.isnan(value) or math.isinf(value):
+        return repr(value)
+    return int(value) if value.is_integer() and abs(value) < 2**53 else value
 
 
 def to_plain(
@@ -162,9 +209,7 @@ def to_plain(
     if isinstance(value, bool | int):
         return value
     if isinstance(value, float):
-        if math.isnan(value) or math.isinf(value):
-            return repr(value)
-        return int(value) if value.is_integer() and abs(value) < 2**53 else value
+        return _plain_float(value)
     if isinstance(value, enum.Enum):
         return to_plain(step, path, value.value, strict=strict, render=render, prefix=prefix)
     if isinstance(value, Versioned):

@@ -10,6 +10,7 @@ collapse into one node. No I/O.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -18,12 +19,12 @@ from types import MappingProxyType
 from typing import Any
 
 from pipeline.core import graph
-from pipeline.core.configs import ConfigRefs, collect_refs, resolve_config, to_plain
+from pipeline.core.configs import ConfigRefs, collect_refs, resolve_config
 from pipeline.core.identity import HASH_CHARS, NAME_PART, PREFIX_TOKEN, Identity, compute_identity
 from pipeline.errors import GraphError, StepDeclarationError
 from pipeline.step import OutputOf, Resources, Step, ThisOutput
 
-__all__ = ["Dag", "StepNode", "build_dag", "drift_config", "fn_import_path", "join_path", "resolved_config"]
+__all__ = ["Dag", "StepNode", "build_dag", "drift_text", "fn_import_path", "join_path", "resolved_config"]
 
 _NAME_PART = re.compile(rf"^{NAME_PART}$")
 
@@ -216,7 +217,7 @@ def build_dag(roots: Sequence[Step], prefix: str) -> Dag:
         raise StepDeclarationError(None, "no steps given", field="steps")
     for step in roots:
         _validate_step(step)
-    refs = _discover(roots)
+    refs = _discover(roots, prefix)
     inputs = _resolve_inputs(refs)
     edges = {step: [up for up, _ph in step_inputs.values()] for step, step_inputs in inputs.items()}
     cycle = graph.find_cycle(edges)
@@ -237,7 +238,7 @@ _Inputs = dict[str, tuple[Step, OutputOf]]
 """A step's inputs: dotted config path -> (the upstream Step, the placeholder there)."""
 
 
-def _discover(roots: Sequence[Step]) -> dict[Step, ConfigRefs]:
+def _discover(roots: Sequence[Step], prefix: str) -> dict[Step, ConfigRefs]:
     """Every Step reachable through output_of placeholders, with its config's references."""
     refs: dict[Step, ConfigRefs] = {}
     validated = set(roots)  # a step referenced by many others is checked once
@@ -246,7 +247,7 @@ def _discover(roots: Sequence[Step]) -> dict[Step, ConfigRefs]:
         step = stack.pop()
         if step in refs:
             continue
-        refs[step] = collect_refs(step.name, step.config)
+        refs[step] = collect_refs(step.name, step.config, prefix)
         for path, placeholder in refs[step].inputs.items():
             if isinstance(placeholder.step, Step):
                 if placeholder.step not in validated:
@@ -349,14 +350,17 @@ def resolved_config(dag: Dag, label: str) -> Any:
     return resolve_config(node.step.config, resolve)
 
 
-def drift_config(dag: Dag, label: str) -> Any:
-    """The config as drift notes compare it: `to_plain` of the resolved config with paths under the
-    prefix written relative to it (`${prefix}/...`), in one walk of the declared config."""
+def drift_text(dag: Dag, label: str) -> str:
+    """The config as drift notes compare it, as canonical JSON: `to_plain` of the resolved config
+    with paths under the prefix written relative to it (`${prefix}/...`). Made from the plain form
+    that `build_dag` already has (`ConfigRefs.plain`), so no config is walked again."""
     node = dag.nodes[label]
     upstream = {id(node.refs.inputs[path]): up for path, up in node.inputs.items()}
 
-    def render(placeholder: OutputOf | ThisOutput) -> str:
-        base = f"{PREFIX_TOKEN}/{label if isinstance(placeholder, ThisOutput) else upstream[id(placeholder)]}"
-        return join_path(base, placeholder.sub) if placeholder.sub else base
+    def render(value: Any) -> str:
+        if isinstance(value, OutputOf | ThisOutput):
+            base = f"{PREFIX_TOKEN}/{label if isinstance(value, ThisOutput) else upstream[id(value)]}"
+            return join_path(base, value.sub) if value.sub else base
+        return repr(value)  # never reached: the plain form holds nothing else JSON cannot write
 
-    return to_plain(node.name, "", node.step.config, strict=False, render=render, prefix=dag.prefix)
+    return json.dumps(node.refs.plain, sort_keys=True, separators=(",", ":"), default=render)

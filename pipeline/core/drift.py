@@ -14,7 +14,7 @@ from typing import Any
 
 from pipeline.core.identity import relativize
 
-__all__ = ["MISSING", "config_drift", "drift_digest", "json_diff", "short"]
+__all__ = ["MISSING", "config_drift", "drift_digest", "drift_digest_of_text", "json_diff", "short"]
 
 MISSING: Any = object()
 """Stands for a key that one side of a diff does not have."""
@@ -46,9 +46,16 @@ def short(value: Any, width: int = 40) -> str:
 
 def drift_digest(fingerprint: str, config: Any) -> str:
     """A short hash of what drift notes compare: the code fingerprint and the relativized config
-    (`dag.drift_config`). Recorded with SUCCESS, so a cached plan diffs `.step.json` only when it
+    (`dag.drift_text`). Recorded with SUCCESS, so a cached plan diffs `.step.json` only when it
     differs."""
     text = json.dumps([fingerprint, config], sort_keys=True, separators=(",", ":"), default=repr)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def drift_digest_of_text(fingerprint: str, config_text: str) -> str:
+    """`drift_digest(fingerprint, config)` from the config's JSON already written the same way
+    (`dag.drift_text`): the same bytes are hashed, without building the config as objects."""
+    text = f"[{json.dumps(fingerprint)},{config_text}]"
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 

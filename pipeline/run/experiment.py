@@ -183,7 +183,7 @@ def run_experiment(
         backend.close()
         gc.unfreeze()
     with _gc_paused():
-        final = manifest.encode(report)
+        final = manifest.encode(report, last=True)
         try:
             store.storage.write(path, final)
             if needs_backend:  # a run that found everything cached adds nothing to the history

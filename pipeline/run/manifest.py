@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pipeline.core.dag import fn_import_path
 from pipeline.core.plan import Plan
 from pipeline.core.report import RunReport
-from pipeline.run.recipe import recipe_entries
+from pipeline.run.recipe import iter_recipes
 from pipeline.storage.manifests import encode_lines
 
 __all__ = ["ManifestBuilder"]
@@ -27,8 +27,9 @@ __all__ = ["ManifestBuilder"]
 
 class ManifestBuilder:
     """Builds the manifest of one run, written at its start (`encode()`) and its end
-    (`encode(report)`). Each step's unchanging part (name, paths, deps, recipe) is encoded to
-    JSON once, when the builder is made, and only that text is kept."""
+    (`encode(report, last=True)`). Each step's unchanging part (name, paths, deps, recipe) is
+    encoded to JSON once: kept as text between the two writes, or, for a run that writes only
+    the last one (a cached rerun), made while that one is written and never kept."""
 
     def __init__(
         self,
@@ -44,28 +45,11 @@ class ManifestBuilder:
         runner: Mapping[str, Any] | None = None,
     ) -> None:
         dag = plan.dag
-        if recipes is None:
-            recipes = recipe_entries(dag, source_file)
-        self._labels: list[tuple[str, str]] = []
+        self._plan, self._source_file, self._recipes = plan, source_file, recipes
+        self._labels = [(label, plan.steps[label].state.value) for label in dag.nodes]
         """(label, planned state) per step, in order."""
-        self._static: list[str] = []
-        """Each step's unchanging fields as a JSON object without its closing brace."""
-        for label, node in dag.nodes.items():
-            planned = plan.steps[label].state.value
-            entry = {
-                "name": node.name,
-                "label": label,
-                "hash": node.identity.hash,
-                "output_path": node.output_path,
-                "fn": fn_import_path(node.step.fn),
-                "deps": list(node.deps),
-                "soft_deps": list(node.soft_deps),
-                "planned": planned,
-                "reason": plan.steps[label].reason,
-                "recipe": recipes[label],
-            }
-            self._labels.append((label, planned))
-            self._static.append(json.dumps(entry, default=str)[:-1])
+        self._static: list[bytes] | None = None
+        """Each step's unchanging fields as a JSON object without its closing brace, once made."""
         self._head = {
             "experiment": experiment,
             "description": description,
@@ -81,13 +65,17 @@ class ManifestBuilder:
             **env,
         }
 
-    def encode(self, report: RunReport | None = None) -> bytes:
+    def encode(self, report: RunReport | None = None, *, last: bool = False) -> bytes:
         """The manifest as JSON bytes, one step per line (`pipeline.storage.manifests.encode_lines`);
-        without `report`, states are the planned ones."""
-        lines = [
-            f"{static}, {json.dumps(_outcome(label, planned, report), default=str)[1:]}"
-            for static, (label, planned) in zip(self._static, self._labels, strict=True)
-        ]
+        without `report`, states are the planned ones. `last`: no later `encode` follows, so the
+        steps' unchanging parts need not be kept."""
+        if self._static is None and not last:
+            self._static = list(self._statics())
+        statics = self._static if self._static is not None else self._statics()
+        lines = (
+            (static, b", ", json.dumps(_outcome(label, planned, report), default=str)[1:].encode())
+            for static, (label, planned) in zip(statics, self._labels, strict=True)
+        )
         head = {
             **self._head,
             "updated": time.time(),
@@ -96,6 +84,31 @@ class ManifestBuilder:
             **self._tail,
         }
         return encode_lines(head, lines)
+
+    def _statics(self) -> Iterator[bytes]:
+        """Each step's unchanging fields, its recipe encoded as it comes (the recipes of a large
+        DAG never all exist as objects at once)."""
+        plan, dag = self._plan, self._plan.dag
+        if self._recipes is None:
+            entries = iter_recipes(dag, self._source_file)
+        else:
+            entries = ((label, self._recipes[label]) for label in dag.nodes)
+        # iter_recipes yields in the order of dag.nodes.
+        for (label, node), (_, recipe) in zip(dag.nodes.items(), entries, strict=True):
+            entry = {
+                "name": node.name,
+                "label": label,
+                "hash": node.identity.hash,
+                "output_path": node.output_path,
+                "fn": fn_import_path(node.step.fn),
+                "deps": list(node.deps),
+                "soft_deps": list(node.soft_deps),
+                "planned": plan.steps[label].state.value,
+                "reason": plan.steps[label].reason,
+                "recipe": recipe,
+            }
+            # Bytes: this JSON is ASCII, and 10,000 steps make a manifest of about 10 MB.
+            yield json.dumps(entry, default=str)[:-1].encode()
 
 
 def _outcome(label: str, planned: str, report: RunReport | None) -> dict[str, Any]:

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 from pipeline.core.configs import to_plain
-from pipeline.core.dag import Dag, drift_config, fn_import_path, resolved_config
-from pipeline.core.drift import drift_digest
+from pipeline.core.dag import Dag, drift_text, fn_import_path, resolved_config
+from pipeline.core.drift import drift_digest_of_text
 
 __all__ = [
     "code_fingerprint",
@@ -64,7 +64,7 @@ def code_fingerprint(fn: Callable[..., Any]) -> str:
 def drift_digest_of(dag: Dag, label: str) -> str:
     """The drift digest of a step as declared now (`pipeline.core.drift.drift_digest`): recorded
     with its SUCCESS, compared by later plans."""
-    return drift_digest(code_fingerprint(dag.nodes[label].step.fn), drift_config(dag, label))
+    return drift_digest_of_text(code_fingerprint(dag.nodes[label].step.fn), drift_text(dag, label))
 
 
 def step_info(dag: Dag, label: str, config: Any | None = None) -> dict[str, Any]:
@@ -125,18 +125,25 @@ def _git_info(directory: str) -> dict[str, Any] | None:
         return None
 
 
+@functools.lru_cache(maxsize=1)
+def _versions() -> tuple[tuple[str, str], ...]:
+    """Python's and the tracked packages' versions: read once per process (reading package
+    metadata costs milliseconds, as much as planning a thousand cached steps)."""
+    versions = [("python", platform.python_version())]
+    for dist in _TRACKED_DISTRIBUTIONS:
+        try:
+            versions.append((dist, importlib.metadata.version(dist)))
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return tuple(versions)
+
+
 def environment_info(source_file: str | None = None) -> dict[str, Any]:
     """Git commit of the experiment's repository and versions of the packages that matter."""
     directory = os.path.dirname(os.path.abspath(source_file)) if source_file else os.getcwd()
-    versions = {"python": platform.python_version()}
-    for dist in _TRACKED_DISTRIBUTIONS:
-        try:
-            versions[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
     return {
         "git": _git_info(directory),
-        "versions": versions,
+        "versions": dict(_versions()),
         "argv": list(sys.argv),
         "host": platform.node(),
     }

@@ -27,7 +27,7 @@ import math
 import os
 import runpy
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import PurePath
 from typing import Any
 
@@ -39,6 +39,7 @@ from pipeline.storage.manifests import load_manifest
 __all__ = [
     "RecipeError",
     "encode_step",
+    "iter_recipes",
     "load_recipe",
     "rebuild_recipe",
     "recipe_code",
@@ -210,6 +211,12 @@ def recipe_entries(dag: Dag, source_file: str | None = None) -> dict[str, dict[s
     `drydock rerun` of that manifest fails, naming the step and field. `source_file` is the
     experiment file, whose code runs as `__main__`.
     """
+    return dict(iter_recipes(dag, source_file))
+
+
+def iter_recipes(dag: Dag, source_file: str | None = None) -> Iterator[tuple[str, dict[str, Any] | str]]:
+    """`recipe_entries` one step at a time: a manifest encodes each as it comes, so the recipes of
+    a large DAG never all exist as objects at once."""
     main_module = module_name_for_file(source_file) if source_file else None
     # Every declared Step object maps to its de-duplicated node's label.
     labels: dict[int, str] = {}
@@ -219,13 +226,11 @@ def recipe_entries(dag: Dag, source_file: str | None = None) -> dict[str, dict[s
             placeholder = node.refs.inputs[path]
             if isinstance(placeholder.step, Step):
                 labels[id(placeholder.step)] = upstream
-    out: dict[str, dict[str, Any] | str] = {}
     for label in dag.nodes:
         try:
-            out[label] = encode_step(dag, label, labels, main_module)
+            yield label, encode_step(dag, label, labels, main_module)
         except RecipeError as e:
-            out[label] = str(e)
-    return out
+            yield label, str(e)
 
 
 # -- rebuilding ---------------------------------------------------------------------------------

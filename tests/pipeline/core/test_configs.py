@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from pipeline.core.configs import collect_refs, resolve_config, to_plain
+from pipeline.core.drift import drift_digest, drift_digest_of_text
 from pipeline.errors import DrydockError, StepDeclarationError
 from pipeline.step import OutputOf, Step, ThisOutput, Versioned, output_of, this_output, versioned
 from tests.pipeline.stepfns import WriteConfig, write_value
@@ -415,3 +416,42 @@ def test_resolve_config_gets_each_placeholder_object() -> None:
     resolve_config(cfg, record)
     refs = collect_refs("s", cfg)
     assert {id(p) for p in seen} == {id(p) for p in [*refs.inputs.values(), *refs.own_outputs.values()]}
+
+
+# the plain form collect_refs makes in the same walk
+
+
+class Shade(str, enum.Enum):
+    DARK = "dark"
+
+
+@pytest.mark.parametrize("prefix", [None, "/p", "gs://b/"])
+def test_collect_refs_plain_form_is_to_plain_with_placeholders_left_in_place(prefix) -> None:
+    """Drift digests recorded by earlier versions were made with `to_plain(config, strict=False,
+    render=..., prefix=...)`: the plain form from the identity walk, rendered the same way, must be
+    exactly that (or every cached step of an existing prefix would get its `.step.json` diffed)."""
+    config = Nested(
+        data=Data(
+            sources=[
+                Source(path=output_of(UP, "a.jsonl"), weight=versioned(0.5)),
+                Source(path="/p/raw/x", weight=float("nan")),
+                Source(path="gs://b/raw", weight=2.0),
+            ],
+            weights={"web": versioned(3), "deep": {"x": (output_of("other"), versioned("v"))}},
+            cache=this_output("cache"),
+        ),
+        lr=versioned(3e-4),
+        output=this_output(),
+        steps=Color.BLUE,
+        tags=(Shade.DARK, Pair(1, [True, None]), Mutable(1), object.__new__(Color).__class__, 1e300),
+    )
+    rendered = {}
+
+    def render(ph: OutputOf | ThisOutput) -> str:
+        return rendered.setdefault(id(ph), f"${{prefix}}/rendered-{len(rendered)}")
+
+    expected = to_plain("s", "", config, strict=False, render=render, prefix=prefix)
+    plain = collect_refs("s", config, prefix).plain
+    text = json.dumps(plain, sort_keys=True, separators=(",", ":"), default=render)
+    assert text == json.dumps(expected, sort_keys=True, separators=(",", ":"), default=repr)
+    assert drift_digest_of_text("0123abcd", text) == drift_digest("0123abcd", expected)
