@@ -76,8 +76,8 @@ TARGET_TEXT = {
     "rerun_cached_10k_s": "cached rerun of 10,000 steps <= 1.0 s",
     "rerun_cached_100k_s": "cached rerun of 100,000 steps <= 12 s",
     "plan_cached_10k_s": "cached plan of 10,000 steps <= 0.5 s",
-    "peak_rss_10k_mib": "peak RSS of the 10,000-step size <= 130 MB",
-    "peak_rss_100k_mib": "peak RSS of the 100,000-step size <= 1.3 GB",
+    "peak_rss_10k_mib": "peak RSS of a 10,000-step cached rerun (fresh process) <= 130 MB",
+    "peak_rss_100k_mib": "peak RSS of a 100,000-step cached rerun (fresh process) <= 1.3 GB",
     "first_run_1k_s": "first run of 1,000 trivial steps on `local` <= 2.0 s",
     "linear": "per-step cost flat from the smallest to the largest size (within 1.5x)",
 }
@@ -230,6 +230,37 @@ def populate_with_store(steps: list[Step], prefix: str) -> None:
         check(store.commit(node.output_path, owner, taken.token, data=data), f"commit {label}")
 
 
+def rerun_in_fresh_process(size: int, layers: int, prefix: str) -> dict[str, float]:
+    """Wall time and peak RSS of one cached rerun of the experiment in a new interpreter, as
+    `drydock run` would do it (the time includes neither the interpreter's start nor imports)."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--rerun-only", str(size), "--layers", str(layers)]
+    proc = subprocess.run([*cmd, "--prefix", prefix], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"fresh rerun failed: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def rerun_only(size: int, layers: int, prefix: str) -> dict[str, float]:
+    """The body of `rerun_in_fresh_process`."""
+    steps = layered_steps(size, layers)
+    rss_before = peak_rss_of_this_image_mib()
+    start = time.perf_counter()
+    report = run_experiment(steps, ExecutorMainConfig(prefix=prefix, backend="local", log_level="WARNING"))
+    wall = time.perf_counter() - start
+    check(isinstance(report, RunReport) and report.ok, "fresh cached rerun failed")
+    return {"wall_s": wall, "peak_rss_mib": peak_rss_of_this_image_mib(), "rss_before_mib": rss_before}
+
+
+def peak_rss_of_this_image_mib() -> float:
+    """Peak RSS since this program was exec'd: `VmHWM`. (`ru_maxrss` survives `execve`, so a
+    process started from a big one reports its parent's size.)"""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return maxrss_mib()
+
+
 def worker(size: int, layers: int, populate: str, repeat: int, budget_s: float) -> dict[str, Any]:
     """Every measurement for one size, in this (fresh) process."""
     out: dict[str, Any] = {"size": size, "layers": layers, "populate": populate}
@@ -297,6 +328,8 @@ def worker(size: int, layers: int, populate: str, repeat: int, budget_s: float) 
 
         out["rerun_cached"] = measure(rerun, size, repeat, budget_s)
         out["peak_rss_mib"] = maxrss_mib()
+        # This process's peak includes the first runs; a rerun's own peak needs a fresh process.
+        out["rerun_fresh"] = rerun_in_fresh_process(size, layers, cached.prefix or "")
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)
         raise
@@ -405,7 +438,9 @@ def render(results: list[dict[str, Any]], info: dict[str, Any]) -> str:
     row("  per step", lambda r: _per_step(r["rerun_cached"]), linear)
     row("first run (local backend)", lambda r: _ms(r["first_run"]["best_s"]), "1k: <= 2 s")
     row("  steps/s", lambda r: f"{r['first_run']['steps_per_s']:,.0f}")
-    row("peak RSS", lambda r: f"{r['peak_rss_mib']:,.0f} MiB", "130 MB / 1.3 GB")
+    row("cached rerun, fresh process", lambda r: _ms(r["rerun_fresh"]["wall_s"]))
+    row("  its peak RSS", lambda r: f"{r['rerun_fresh']['peak_rss_mib']:,.0f} MiB", "130 MB / 1.3 GB")
+    row("peak RSS of this process", lambda r: f"{r['peak_rss_mib']:,.0f} MiB")
     row(
         "  after build / plan (cached)",
         lambda r: f"{r['rss_after_build_mib']:,.0f} / {r['rss_after_plan_cached_mib']:,.0f} MiB",
@@ -451,9 +486,9 @@ def verdicts(results: list[dict[str, Any]]) -> list[tuple[str, str]]:
         ("rerun_cached_10k_s", 10_000, lambda r: r["rerun_cached"]["best_s"], "s"),
         ("rerun_cached_100k_s", 100_000, lambda r: r["rerun_cached"]["best_s"], "s"),
         ("plan_cached_10k_s", 10_000, lambda r: r["plan_cached"]["best_s"], "s"),
-        # MB as the issue writes them are MiB here (ru_maxrss is in KiB).
-        ("peak_rss_10k_mib", 10_000, lambda r: r["peak_rss_mib"], "MiB"),
-        ("peak_rss_100k_mib", 100_000, lambda r: r["peak_rss_mib"], "MiB"),
+        # A cached rerun's own peak, in a fresh process, in MB of 10^6 bytes (ru_maxrss is KiB).
+        ("peak_rss_10k_mib", 10_000, lambda r: r["rerun_fresh"]["peak_rss_mib"] * 1.048576, "MB"),
+        ("peak_rss_100k_mib", 100_000, lambda r: r["rerun_fresh"]["peak_rss_mib"] * 1.048576, "MB"),
         ("first_run_1k_s", 1_000, lambda r: r["first_run"]["best_s"], "s"),
     ]
     out = []
@@ -463,7 +498,7 @@ def verdicts(results: list[dict[str, Any]]) -> list[tuple[str, str]]:
         except KeyError:
             out.append(("n/a", f"{TARGET_TEXT[key]} ({size:,} not measured)"))
             continue
-        shown = f"{value:.3f} s" if unit == "s" else f"{value:,.0f} MiB"
+        shown = f"{value:.3f} s" if unit == "s" else f"{value:,.0f} MB"
         out.append(("PASS" if value <= TARGETS[key] else "MISS", f"{TARGET_TEXT[key]}: {shown}"))
     if len(results) >= 2:
         worst = []
@@ -517,8 +552,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("--rerun-only", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--prefix", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
+    if args.rerun_only is not None:
+        print(json.dumps(rerun_only(args.rerun_only, args.layers, args.prefix)))
+        return 0
     if args.worker is not None:
         figures = worker(args.worker, args.layers, args.populate, args.repeat, args.budget_s)
         with open(args.result, "w") as f:

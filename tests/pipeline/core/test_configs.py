@@ -421,7 +421,7 @@ def test_resolve_config_gets_each_placeholder_object() -> None:
 # the plain form collect_refs makes in the same walk
 
 
-class Shade(str, enum.Enum):
+class Shade(enum.StrEnum):
     DARK = "dark"
 
 
