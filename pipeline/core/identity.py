@@ -11,11 +11,10 @@ fields and the `blocking` flag of an input never enter identity. No I/O here.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["HASH_CHARS", "NAME_PART", "Identity", "canonical_json", "compute_identity", "relativize"]
@@ -29,7 +28,7 @@ NAME_PART = r"[A-Za-z0-9_][A-Za-z0-9._+=-]*"
 """One part of a slash-separated step name: letters, digits and . _ + = -, not starting with '.'."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Identity:
     """A step's identity: its name and the sha256 of its canonical description."""
 
@@ -38,16 +37,15 @@ class Identity:
     """Full sha256 hex digest."""
     payload: Mapping[str, Any]
     """The canonical description that was hashed (recorded in `.step.json`, used to explain)."""
+    short: str = field(init=False, repr=False, compare=False)
+    """The first `HASH_CHARS` hex characters of the hash."""
+    label: str = field(init=False, repr=False, compare=False)
+    """`name-<12 hex>`: the display name and the output directory below the prefix. Both are
+    made once here: building a DAG asks for them tens of times per step."""
 
-    @functools.cached_property  # asked for tens of times per step while building a DAG
-    def short(self) -> str:
-        """The first `HASH_CHARS` hex characters of the hash."""
-        return self.hash[:HASH_CHARS]
-
-    @functools.cached_property
-    def label(self) -> str:
-        """`name-<12 hex>`: the display name and the output directory below the prefix."""
-        return f"{self.name}-{self.short}"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "short", self.hash[:HASH_CHARS])
+        object.__setattr__(self, "label", f"{self.name}-{self.hash[:HASH_CHARS]}")
 
 
 def canonical_json(value: Any) -> str:
