@@ -116,12 +116,9 @@ def _collect(
     if kind is ThisOutput:
         refs.own_outputs[path] = value
         return value
-    if isinstance(value, str):
-        return relativize(value, prefix) if prefix is not None else value
-    if isinstance(value, bool | int):
-        return value
-    if isinstance(value, float):
-        return _plain_float(value)
+    leaf = _plain_leaf(value, prefix)  # subclasses of str, int and float
+    if leaf is not _NOT_A_LEAF:
+        return leaf
     if isinstance(value, enum.Enum):
         return _collect(step, value.value, path, in_versioned, refs, seen, prefix)
     if isinstance(value, Versioned):
@@ -173,6 +170,21 @@ def _collect(
     return out
 
 
+_NOT_A_LEAF: Any = object()
+
+
+def _plain_leaf(value: Any, prefix: str | None) -> Any:
+    """The plain form of a str, int, bool, None or float (strings under `prefix` relative to it,
+    floats canonical), or `_NOT_A_LEAF` for anything else."""
+    if isinstance(value, str):
+        return relativize(value, prefix) if prefix is not None else value
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return _plain_float(value)
+    return _NOT_A_LEAF
+
+
 def _plain_float(value: float) -> Any:
     """Floats as identities write them: integral ones as ints, NaN and infinities as strings."""
     if math.isnan(value) or math.isinf(value):
@@ -199,17 +211,9 @@ def to_plain(
     `strict`, anything else is an error naming the field; without it (recording a full config),
     it becomes its `repr`.
     """
-    kind = type(value)
-    if kind is str:
-        return relativize(value, prefix) if prefix is not None else value
-    if kind is int or kind is bool or value is None:
-        return value
-    if isinstance(value, str):
-        return relativize(value, prefix) if prefix is not None else value
-    if isinstance(value, bool | int):
-        return value
-    if isinstance(value, float):
-        return _plain_float(value)
+    leaf = _plain_leaf(value, prefix)
+    if leaf is not _NOT_A_LEAF:
+        return leaf
     if isinstance(value, enum.Enum):
         return to_plain(step, path, value.value, strict=strict, render=render, prefix=prefix)
     if isinstance(value, Versioned):
