@@ -104,23 +104,7 @@ def _collect(
         return relativize(value, prefix) if prefix is not None else value
     if kind is int or kind is bool or value is None:
         return value
-    # Exact types before the generic checks below: none of them is a str, number or enum.
-    if kind is Versioned:
-        plain = _collect(step, value.value, path, True, refs, seen, prefix)
-        if path not in refs.versioned:
-            refs.versioned[path] = to_plain(step, path, value.value, strict=True)
-        return plain
-    if kind is OutputOf:
-        refs.inputs[path] = value
-        return value
-    if kind is ThisOutput:
-        refs.own_outputs[path] = value
-        return value
-    leaf = _plain_leaf(value, prefix)  # subclasses of str, int and float
-    if leaf is not _NOT_A_LEAF:
-        return leaf
-    if isinstance(value, enum.Enum):
-        return _collect(step, value.value, path, in_versioned, refs, seen, prefix)
+    # The markers before the generic checks below (none of them is a str, number or enum).
     if isinstance(value, Versioned):
         plain = _collect(step, value.value, path, True, refs, seen, prefix)
         if path not in refs.versioned:
@@ -132,6 +116,11 @@ def _collect(
     if isinstance(value, ThisOutput):
         refs.own_outputs[path] = value
         return value
+    leaf = _plain_leaf(value, prefix)  # subclasses of str, int and float
+    if leaf is not _NOT_A_LEAF:
+        return leaf
+    if isinstance(value, enum.Enum):
+        return _collect(step, value.value, path, in_versioned, refs, seen, prefix)
     if isinstance(value, Step):
         # A Step is a dataclass; walking into it would adopt the other step's placeholders and
         # versioned values as this step's own, with no DAG edge.

@@ -22,7 +22,7 @@ from pipeline.core.dag import Dag
 from pipeline.core.drift import MISSING, json_diff, short
 from pipeline.core.identity import HASH_CHARS
 from pipeline.core.plan import Plan, State
-from pipeline.core.records import Event
+from pipeline.core.records import Event, StepRecord
 from pipeline.storage.files import Storage
 from pipeline.storage.layout import split_label
 from pipeline.storage.step_store import StepStore
@@ -194,6 +194,7 @@ class _Reader:
         self.store = store
         self._json: dict[str, Mapping[str, Any] | None] = {}
         self._listing: dict[str, dict[str, list[str]]] = {}
+        self._records: dict[str, StepRecord | None] = {}
         self.diffs: dict[tuple[str, str], tuple[Change, ...] | None] = {}
         """(earlier upstream dir, current upstream label) -> its changes: computed once."""
 
@@ -214,10 +215,18 @@ class _Reader:
             self._listing[directory] = index
         return self._listing[directory]
 
+    def record(self, step_dir: str) -> StepRecord | None:
+        """The step directory's record (None if it cannot be read), read once."""
+        if step_dir not in self._records:
+            try:
+                self._records[step_dir] = self.store.record(step_dir, with_metadata=False)
+            except Exception:
+                self._records[step_dir] = None
+        return self._records[step_dir]
+
     def state(self, step_dir: str) -> tuple[str | None, float | None]:
-        try:
-            record = self.store.record(step_dir, with_metadata=False)
-        except Exception:
+        record = self.record(step_dir)
+        if record is None:
             return None, None
         if record.corrupt:
             return "CORRUPT", None
@@ -293,7 +302,6 @@ def explain_step(dag: Dag, label: str, store: StepStore) -> Explanation:
     # Newest first: the run someone just did is the one they compare with.
     others.sort(key=lambda o: -(o.time or 0.0))
     return Explanation(
-        step_json_note=_step_json_note(store, node.output_path),
         label=label,
         hash=node.identity.hash,
         output_path=node.output_path,
@@ -301,20 +309,19 @@ def explain_step(dag: Dag, label: str, store: StepStore) -> Explanation:
         inputs=dict(node.inputs),
         state=state,
         others=tuple(others),
+        step_json_note=_step_json_note(reader, node.output_path),
     )
 
 
-def _step_json_note(store: StepStore, step_dir: str) -> str | None:
+def _step_json_note(reader: _Reader, step_dir: str) -> str | None:
     """What is wrong with a committed step's `.step.json`, if it is not the file its SUCCESS
     recorded the digest of. Plans do not read it (SUCCESS is the record of what ran)."""
-    try:
-        last = store.record(step_dir, with_metadata=False).last
-    except Exception:
-        return None
+    record = reader.record(step_dir)
+    last = record.last if record is not None else None
     recorded = last.data.get("step_json") if last is not None and last.event == Event.SUCCESS else None
     if not isinstance(recorded, str):
         return None  # not committed, or committed by a version that recorded no digest
-    current = store.step_json_digest(step_dir)
+    current = reader.store.step_json_digest(step_dir)
     if current == recorded:
         return None
     what = "is missing" if current is None else "was changed after the step committed"

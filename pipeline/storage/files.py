@@ -239,6 +239,25 @@ class ConditionalStorage(Storage):
         )
 
 
+def _read_all(fd: int) -> bytes:
+    """Everything from `fd`'s offset to its end."""
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _in_directory(directory: str, make: Callable[[], T]) -> T:
+    """`make()`, which creates a file in `directory`; the directory is made only if that fails for
+    its absence (it usually exists, and a first run of many small steps is bound by file-system
+    calls: docs/performance.md)."""
+    try:
+        return make()
+    except FileNotFoundError:
+        os.makedirs(directory, exist_ok=True)
+        return make()
+
+
 class LocalStorage(Storage):
     """Local disk: atomic rename for whole writes, `flock` for read-modify-write.
 
@@ -265,6 +284,9 @@ class LocalStorage(Storage):
         return real == self.root or real.startswith(self.root + os.sep)
 
     def read(self, path: str) -> bytes | None:
+        return self._read_local(path, shared_lock=False)
+
+    def _read_local(self, path: str, *, shared_lock: bool) -> bytes | None:
         if not self.inside(path):
             return None
         try:
@@ -274,10 +296,9 @@ class LocalStorage(Storage):
         except (FileNotFoundError, NotADirectoryError):
             return None
         try:
-            chunks = []
-            while chunk := os.read(fd, 1 << 16):
-                chunks.append(chunk)
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            if shared_lock:
+                fcntl.flock(fd, fcntl.LOCK_SH)
+            return _read_all(fd)
         finally:
             os.close(fd)
 
@@ -289,13 +310,7 @@ class LocalStorage(Storage):
 
     def _write(self, path: str, data: bytes) -> None:
         parent = os.path.dirname(path)
-        # The directory usually exists: try first, and make it only when missing (a first run of
-        # many small steps is bound by file-system calls, docs/performance.md).
-        try:
-            fd, tmp = tempfile.mkstemp(dir=parent, prefix=TMP_PREFIX)
-        except FileNotFoundError:
-            os.makedirs(parent, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=parent, prefix=TMP_PREFIX)
+        fd, tmp = _in_directory(parent, lambda: tempfile.mkstemp(dir=parent, prefix=TMP_PREFIX))
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -308,17 +323,10 @@ class LocalStorage(Storage):
 
     def update(self, path: str, fn: Callable[[bytes | None], bytes | None]) -> bytes | None:
         path = self._local(path)
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except FileNotFoundError:  # as in `_write`: make the directory only when it is missing
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _in_directory(os.path.dirname(path), lambda: os.open(path, os.O_RDWR | os.O_CREAT, 0o644))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            chunks = []
-            while chunk := os.read(fd, 1 << 16):
-                chunks.append(chunk)
-            old = b"".join(chunks)
+            old = _read_all(fd)
             new = fn(old if old else None)
             if new is None:
                 return None
@@ -334,20 +342,7 @@ class LocalStorage(Storage):
     def read_consistent(self, path: str) -> bytes | None:
         # `update` rewrites a file in place (truncate, then write) holding an exclusive flock: a
         # shared one here waits for it, so a reader never takes an empty file for a missing lease.
-        if not self.inside(path):
-            return None
-        try:
-            fd = os.open(self._local(path), os.O_RDONLY)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
-            chunks = []
-            while chunk := os.read(fd, 1 << 16):
-                chunks.append(chunk)
-            return b"".join(chunks)
-        finally:
-            os.close(fd)
+        return self._read_local(path, shared_lock=True)
 
     def listdir(self, path: str) -> list[str]:
         if not self.inside(path):
