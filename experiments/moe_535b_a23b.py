@@ -22,7 +22,9 @@ Differences from the original run, which this declaration cannot reproduce exact
   * no auxiliary load-balancing loss (Levanter's Qwen3-MoE applies none); router balance is
     watched through the train step's router statistics instead;
   * the data components and their weights are placeholders with the original's structure
-    (three phases: initial, main from 28%, cooldown from 80%), pointed at DRYDOCK_535B_DATA.
+    (three phases: initial, main from 28%, cooldown from 80%). Each is a raw dataset declared by
+    name and version (`steps.sources.raw_dataset`) at two mirror locations, DRYDOCK_535B_DATA and
+    DRYDOCK_535B_DATA_MIRROR: moving the data between them keeps every identity.
 
 The run: 18T tokens at a global batch of 11,264 x 4,096 tokens = 390,140 steps, on two v5p-2048
 slices; tokenization on CPU hosts.
@@ -37,11 +39,14 @@ from pipeline import Resources, executor_main
 from steps.evaluate import evaluate_step
 from steps.mixture import mixture_step
 from steps.moe import MoeModelConfig
+from steps.sources import RawDataset, raw_dataset
 from steps.task_eval import task_eval_step
 from steps.tokenize import tokenize_step
 from steps.train_moe import OptimizerSpec, train_moe_step
 
 DATA = os.environ.get("DRYDOCK_535B_DATA", "gs://your-bucket/raw")
+DATA_MIRROR = os.environ.get("DRYDOCK_535B_DATA_MIRROR", "gs://your-bucket-eu/raw")
+DATA_VERSION = "2026-11"  # the raw data's release: bump it when the files are replaced
 TOKENIZER = os.environ.get("DRYDOCK_535B_TOKENIZER", "meta-llama/Meta-Llama-3.1-8B")
 TASK_DATA = os.environ.get("DRYDOCK_535B_TASK_DATA", "gs://your-bucket/eval-tasks")
 VOCAB_SIZE = 128_256
@@ -63,11 +68,18 @@ COMPONENTS = {
     "instruction": ("instruction/train/*.jsonl.zst", "instruction/validation/*.jsonl.zst"),
 }
 
+
+def raw(name: str, pattern: str) -> RawDataset:
+    """A raw dataset by name and version, at two mirror locations (two regions): its identity,
+    and so every identity downstream, is the same whichever location a step reads from."""
+    return raw_dataset(name, version=DATA_VERSION, urls=[f"{DATA}/{pattern}", f"{DATA_MIRROR}/{pattern}"])
+
+
 tokenized = {
     name: tokenize_step(
         f"tokenized/{name}",
-        train=[f"{DATA}/{train}"],
-        validation=[f"{DATA}/{validation}"],
+        train=[raw(f"{name}-train", train)],
+        validation=[raw(f"{name}-validation", validation)],
         tokenizer=TOKENIZER,
         num_workers=64,
         resources=CPU_HOST,

@@ -172,6 +172,12 @@ class StepHooks:
     fresh_process: bool = False
     """Run each call in a process of its own (a step that leaves global state behind, such as
     training, must not share a worker with the next step)."""
+    inputs: Callable[[Any], Any] | None = None
+    """`inputs(config) -> Mapping[str, Mapping]`: the files outside the prefix the step reads
+    (raw data), each by a location-independent name with a fingerprint (size, checksum). Taken
+    when the step starts and recorded in `.step.json`; each later plan lists them again and notes
+    on the cached step what changed ("input listing changed: 1 file modified"). Raising means
+    the listing cannot be read: the step fails with that error."""
 
 
 NO_HOOKS = StepHooks()
@@ -188,6 +194,7 @@ def step_function(
     report: Callable[[Any], Any] | None = None,
     metrics: Callable[[Any], Any] | None = None,
     fresh_process: bool = False,
+    inputs: Callable[[Any], Any] | None = None,
 ) -> Any:
     """Declare a step function and its hooks; usable bare (`@step_function`) or with arguments.
 
@@ -197,7 +204,7 @@ def step_function(
     The function itself is returned unchanged (it stays importable under its own name); the hooks
     are read with `hooks_of`.
     """
-    hooks = StepHooks(preview, report, metrics, fresh_process)
+    hooks = StepHooks(preview, report, metrics, fresh_process, inputs)
 
     def declare(function: F) -> F:
         setattr(function, _HOOKS_ATTRIBUTE, hooks)

@@ -14,7 +14,16 @@ from typing import Any
 
 from pipeline.core.identity import relativize
 
-__all__ = ["MISSING", "config_drift", "drift_digest", "drift_digest_of_text", "json_diff", "short"]
+__all__ = [
+    "MISSING",
+    "config_drift",
+    "drift_digest",
+    "drift_digest_of_text",
+    "json_diff",
+    "listing_digest",
+    "listing_drift",
+    "short",
+]
 
 MISSING: Any = object()
 """Stands for a key that one side of a diff does not have."""
@@ -82,4 +91,54 @@ def config_drift(
         notes.append(f"unversioned field `{path}` {short(old)}→{short(new)}")
     if len(changes) > limit:
         notes.append(f"... and {len(changes) - limit} more unversioned changes")
+    return notes
+
+
+def listing_digest(listing: Mapping[str, Any]) -> str:
+    """A short hash of an input listing (`StepHooks.inputs`): recorded with SUCCESS, so a cached
+    plan diffs the listing recorded in `.step.json` only when the current one hashes differently."""
+    text = json.dumps(listing, sort_keys=True, separators=(",", ":"), default=repr)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+# Fingerprint fields that say nothing about content on their own: compared only when both sides
+# have no checksum in common (a local file too large to hash keeps its modification time).
+_WEAK = ("size", "mtime")
+
+
+def listing_drift(old: Any, new: Mapping[str, Mapping[str, Any]], *, limit: int = 5) -> list[str]:
+    """Notes on how the files a cached step read (`old`, its recorded listing) differ from those
+    there now: `input listing changed: 3 files added, 1 modified`, then a line per file (up to
+    `limit`). A file is modified when its size differs, or a checksum both sides have differs
+    (two mirrors in stores with different checksums compare by size)."""
+    if not isinstance(old, Mapping):
+        return ["input listing not recorded when it ran; the files now cannot be compared"]
+    added = sorted(set(new) - set(old))
+    removed = sorted(set(old) - set(new))
+    modified = []
+    for key in sorted(set(old) & set(new)):
+        a, b = old[key], new[key]
+        a = a if isinstance(a, Mapping) else {}
+        common = [k for k in set(a) & set(b) if k not in _WEAK]
+        keys = common or [k for k in _WEAK if k in a and k in b]
+        if a.get("size") != b.get("size") or any(a[k] != b[k] for k in keys):
+            modified.append(key)
+    if not (added or removed or modified):
+        return []
+    counts = [
+        f"{len(names)} {'file' if len(names) == 1 else 'files'} {what}" if i == 0 else f"{len(names)} {what}"
+        for i, (names, what) in enumerate(
+            (n, w) for n, w in ((added, "added"), (modified, "modified"), (removed, "removed")) if n
+        )
+    ]
+    notes = ["input listing changed: " + ", ".join(counts)]
+    changes = [
+        *(("added", k) for k in added),
+        *(("modified", k) for k in modified),
+        *(("removed", k) for k in removed),
+    ]
+    for what, key in changes[:limit]:
+        notes.append(f"{what} {key}")
+    if len(changes) > limit:
+        notes.append(f"... and {len(changes) - limit} more changed input files")
     return notes

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
@@ -118,12 +118,15 @@ def make_plan(
     alive: Callable[[int, str | None], bool] = pid_alive,
     strict: bool = True,
     unchanged: Collection[str] = (),
+    input_notes: Mapping[str, Sequence[str]] | None = None,
 ) -> Plan:
     """Plan `dag` against `snapshot` (step output path -> record).
 
     `current_info(label)` gives the current `.step.json` content of a step; with it, cached
     steps get drift notes, except the `unchanged` ones (labels whose recorded config and code are
-    known to equal the current ones, by the digests recorded with their SUCCESS). `only` and
+    known to equal the current ones, by the digests recorded with their SUCCESS). `input_notes`
+    (label -> notes) says how the files outside the prefix a cached step read have changed since
+    (`pipeline.run.listing`); they come first. `only` and
     `force` are regexes on step names. A step whose `.status` is corrupt is an error unless it is
     forced (or `strict` is off, for status displays).
     """
@@ -154,6 +157,7 @@ def make_plan(
         elif record.succeeded:
             drifted = current_info is not None and label not in unchanged
             notes = config_drift(record.step_json, current_info(label)) if drifted else []
+            notes = [*(input_notes or {}).get(label, ()), *notes]
             reason = "cached" + (f"; {notes[0]}" if notes else "")
             steps[label] = StepPlan(state=State.CACHED, reason=reason, notes=tuple(notes), **common)
         elif record.state == Event.RUNNING and not is_stale(record.lease, now, local_host, alive):

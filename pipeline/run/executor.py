@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core.dag import fn_import_path, resolved_config
+from pipeline.core.drift import listing_digest
 from pipeline.core.lease import Owner, is_stale
 from pipeline.core.plan import Plan, State
 from pipeline.core.records import Event
@@ -326,9 +327,11 @@ class _Execution:
             if not released:
                 self.store.release(step_dir, self.owner, token)
 
-    def _write_step_json(self, label: str, attempt: int, token: int, started: float) -> tuple[Any, str]:
-        """Record `.step.json` for this attempt; returns the resolved config the function gets
-        and the file's content digest."""
+    def _write_step_json(
+        self, label: str, attempt: int, token: int, started: float
+    ) -> tuple[Any, str, str | None]:
+        """Record `.step.json` for this attempt; returns the resolved config the function gets,
+        the file's content digest, and the digest of the step's input listing (if it has one)."""
         node = self.dag.nodes[label]
         config = resolved_config(self.dag, label)
         info = step_info(self.dag, label, config)
@@ -336,14 +339,21 @@ class _Execution:
         summary = step_summary(node.step.fn, config)
         if summary:
             info["summary"] = summary
+        listed = hooks_of(node.step.fn).inputs
+        inputs = None
+        if listed is not None:
+            # Taken before the step reads them: the record of what this attempt was given. A
+            # listing that cannot be read fails the attempt with the hook's error.
+            info["inputs"] = dict(listed(config))
+            inputs = listing_digest(info["inputs"])
         info.update(run_id=self.owner.run_id, attempt=attempt, token=token, started=started)
-        return config, self.store.write_step_json(node.output_path, info)
+        return config, self.store.write_step_json(node.output_path, info), inputs
 
     def _run_and_commit(self, label: str, attempt: int, token: int, started: float) -> _Event:
         """Run the step function through the backend, check it wrote output, commit SUCCESS."""
         node = self.dag.nodes[label]
         step_dir = node.output_path
-        config, step_json = self._write_step_json(label, attempt, token, started)
+        config, step_json, inputs = self._write_step_json(label, attempt, token, started)
         self.report(label, "RUNNING", f"attempt {attempt}" if attempt > 1 else "")
         self.backend.run(
             StepTask(
@@ -371,6 +381,8 @@ class _Execution:
         # The digests let a later plan skip reading and diffing `.step.json` (pipeline.core.drift).
         drift = drift_digest_of(self.dag, label)
         data: dict[str, Any] = {"duration": ended - started, "drift": drift, "step_json": step_json}
+        if inputs is not None:
+            data["inputs"] = inputs  # a later plan lists the inputs again and compares
         hooks = hooks_of(node.step.fn)
         report = _recordable(call_hook(hooks.report, config, "no report"))
         if report is not None:

@@ -29,6 +29,7 @@ from pipeline.errors import StorageError
 from pipeline.run.backends import make_backend
 from pipeline.run.console import RunConsole
 from pipeline.run.executor import ExecutionOptions, Reporter, execute
+from pipeline.run.listing import input_notes
 from pipeline.run.manifest import ManifestBuilder
 from pipeline.run.options import ExecutorMainConfig, resolve_prefix, validate_options
 from pipeline.run.provenance import drift_digest_of, environment_info, step_info
@@ -72,6 +73,7 @@ def prepare(
         store = StepStore(open_storage(prefix))
         snapshot = store.records((node.output_path for node in dag.nodes.values()), with_metadata=False)
         unchanged = unchanged_steps(dag, store, snapshot)
+        listings = input_notes(dag, store, snapshot)
         plan = make_plan(
             dag,
             snapshot,
@@ -82,6 +84,7 @@ def prepare(
             current_info=lambda label: step_info(dag, label),
             strict=strict,
             unchanged=unchanged,
+            input_notes=listings,
         )
     return dag, store, plan
 

@@ -32,13 +32,23 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pipeline import Resources, Step, StepDeclarationError, step_events, step_function, this_output, versioned
+from pipeline import (
+    OutputOf,
+    Resources,
+    Step,
+    StepDeclarationError,
+    step_events,
+    step_function,
+    this_output,
+    versioned,
+)
 from pipeline.run.parallel import parallel_map
 from steps.files import write_json
 from steps.imports import LEVANTER, import_ml
+from steps.sources import InputError, RawDataset, input_identity, list_inputs, tokenizer_identity
 from steps.tokenize.cache import read_marker, tokenize_shard, write_ledger
 from steps.tokenize.common import ShardStats, TokenizeError
-from steps.tokenize.readers import expand_inputs
+from steps.tokenize.readers import expand_inputs, is_data_file
 from steps.tokenize.tokenizer import _looks_like_hub_name, load_tokenizer, resolve_tokenizer
 
 __all__ = ["ShardStats", "TokenizeConfig", "TokenizeError", "tokenize", "tokenize_step"]
@@ -50,13 +60,14 @@ SPLITS = ("train", "validation")
 class TokenizeConfig:
     """Configuration of the tokenize step."""
 
-    train: list[str]
-    """Training inputs: paths, globs or directories; relative ones are under `input_root`."""
+    train: list[Any]
+    """Training inputs: paths, globs or directories (relative ones are under `input_root`),
+    `RawDataset`s (`steps.sources.raw_dataset`), or `output_of` an upstream step."""
     tokenizer: str
     """A Hugging Face tokenizer: a local directory (tokenizer.json) or a hub name."""
     output: str
     """The step's output directory (`this_output()`)."""
-    validation: list[str] = field(default_factory=list)
+    validation: list[Any] = field(default_factory=list)
     """Validation inputs, like `train`."""
     text_field: str = "text"
     """The field holding the document text in jsonl and parquet inputs."""
@@ -72,14 +83,19 @@ class TokenizeConfig:
     uses every core). More: as Ray tasks when the step runs on a Ray worker, else local processes."""
     batch_size: int = 1024
     """Documents per `encode_batch` call."""
+    input_identity: dict[str, Any] = field(default_factory=dict)
+    """What identity takes from the inputs and the tokenizer (`steps.sources`): datasets by name
+    and version, paths without their location, a local tokenizer by the hash of its files. The
+    locations themselves (`train`, `validation`, `tokenizer`) are recorded but not versioned, so
+    the same data in another bucket, region or checkout keeps the step's identity."""
 
 
 def tokenize_step(
     name: str,
     *,
-    train: Sequence[str],
+    train: Sequence[str | RawDataset | OutputOf],
     tokenizer: str,
-    validation: Sequence[str] = (),
+    validation: Sequence[str | RawDataset | OutputOf] = (),
     text_field: str = "text",
     text_mode: str = "document",
     on_bad_line: str = "fail",
@@ -87,25 +103,32 @@ def tokenize_step(
     num_workers: int = 1,
     resources: Resources | None = None,
 ) -> Step:
-    """A ready tokenize `Step`. Inputs, tokenizer, text field and policies are versioned.
+    """A ready tokenize `Step`. The inputs' identities (`steps.sources`), the tokenizer's, the
+    text field and policies are versioned.
 
     Local inputs and a local tokenizer directory are checked before anything runs (remote ones
     when the step runs): a missing one is a `StepDeclarationError` naming the field.
     """
     check_local_inputs(name, {"train": train, "validation": validation}, tokenizer, input_root)
+    identity = {
+        split: [None if isinstance(spec, OutputOf) else input_identity(spec, input_root) for spec in specs]
+        for split, specs in (("train", train), ("validation", validation))
+    }
+    identity["tokenizer"] = tokenizer_identity(tokenizer, input_root)
     return Step(
         name=name,
         fn=tokenize,
         config=TokenizeConfig(
-            train=versioned(list(train)),
-            validation=versioned(list(validation)),
-            tokenizer=versioned(tokenizer),
+            train=list(train),
+            validation=list(validation),
+            tokenizer=tokenizer,
             text_field=versioned(text_field),
             text_mode=versioned(text_mode),
             on_bad_line=versioned(on_bad_line),
             output=this_output(),
             input_root=input_root,
             num_workers=num_workers,
+            input_identity=versioned(identity),
         ),
         description=f"tokenize {name}",
         resources=resources or Resources(cpus=max(1, num_workers)),
@@ -113,14 +136,14 @@ def tokenize_step(
 
 
 def check_local_inputs(
-    name: str, inputs: dict[str, Sequence[str]], tokenizer: str, input_root: str | None
+    name: str, inputs: dict[str, Sequence[Any]], tokenizer: str, input_root: str | None
 ) -> None:
     """Refuse local input files and a local tokenizer directory that do not exist."""
     if input_root is not None and "://" in input_root:
         return  # everything is remote: checked when the step runs
     for split, specs in inputs.items():
         for i, spec in enumerate(specs):
-            if "://" in spec:
+            if isinstance(spec, OutputOf | RawDataset) or "://" in spec:
                 continue
             try:
                 expand_inputs([spec], input_root, split)
@@ -142,7 +165,21 @@ def check_local_inputs(
 # -- the step function ----------------------------------------------------------------------------
 
 
-@step_function
+def tokenize_inputs(config: TokenizeConfig) -> dict[str, dict[str, Any]]:
+    """The raw files the step reads, with their fingerprints (`steps.sources.list_inputs`):
+    recorded when it runs, listed again by each plan to note what changed since. Upstream steps'
+    outputs are left out: their identities already say what they hold."""
+    raw = {}
+    for split, specs in (("train", config.train), ("validation", config.validation)):
+        identities = config.input_identity.get(split) or [""] * len(specs)
+        raw[split] = [spec for spec, ident in zip(specs, identities, strict=True) if ident is not None]
+    try:
+        return list_inputs(raw, config.input_root, accept=is_data_file)
+    except InputError as e:
+        raise TokenizeError(str(e)) from e
+
+
+@step_function(inputs=tokenize_inputs)
 def tokenize(config: TokenizeConfig) -> None:
     """Tokenize every split of `config` into a Levanter cache under `config.output`."""
     import_ml(*LEVANTER)

@@ -10,12 +10,12 @@ from __future__ import annotations
 import gzip
 import io
 import json
-import os
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import fsspec
 
+from steps.sources import InputError, RawDataset, expand_input
 from steps.tokenize.common import ShardStats, TokenizeError
 
 if TYPE_CHECKING:
@@ -28,32 +28,21 @@ _JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 
 
-def expand_inputs(inputs: Sequence[str], root: str | None, split: str) -> list[str]:
+def expand_inputs(inputs: Sequence[str | RawDataset], root: str | None, split: str) -> list[str]:
     """Every input file, in a stable order; a missing path or an empty glob is an error."""
     files: list[str] = []
-    for raw in inputs:
-        spec = raw if ("://" in raw or os.path.isabs(raw) or root is None) else os.path.join(root, raw)
-        fs, path = fsspec.core.url_to_fs(spec)
-        remote = "://" in spec and not spec.startswith("file://")
-        if any(ch in path for ch in "*?["):
-            found = sorted(p for p in fs.glob(path) if not fs.isdir(p))
-            if not found:
-                raise TokenizeError(f"{split} input {raw!r} matches no files")
-        elif not fs.exists(path):
-            raise TokenizeError(f"{split} input {raw!r} does not exist")
-        elif fs.isdir(path):
-            found = sorted(p for p in fs.find(path) if is_data_file(p))
-            if not found:
-                raise TokenizeError(f"{split} input directory {raw!r} holds no jsonl, parquet or text files")
-        else:
-            found = [path]
-        for p in found:
-            if not is_data_file(p):
+    for spec in inputs:
+        try:
+            found = expand_input(spec, root, accept=is_data_file)
+        except InputError as e:
+            raise TokenizeError(f"{split} {e}") from e
+        for path, _key, _info in found:
+            if not is_data_file(path):
                 raise TokenizeError(
-                    f"{split} input {p!r}: unknown format; use .jsonl, .json, .parquet or .txt "
+                    f"{split} input {path!r}: unknown format; use .jsonl, .json, .parquet or .txt "
                     "(optionally .gz or .zst)"
                 )
-        files.extend(fs.unstrip_protocol(p) if remote else p for p in found)
+            files.append(path)
     return list(dict.fromkeys(files))
 
 

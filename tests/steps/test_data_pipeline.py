@@ -58,11 +58,18 @@ def test_tokenize_then_mix_with_a_preview_in_the_plan(tmp_path):
     assert table["components"]["prose"]["tokens"] == round(64 * 1024 * 0.5 + 64 * 1024 * 0.8)
     data = load_data_config(str(out))
     assert Path(data.tokenizer).is_absolute() and Path(data.tokenizer, "tokenizer.json").exists()
-    # Identities do not depend on where the checkout lives: input paths are versioned relative.
+    # Identities do not depend on where the checkout lives: input paths are versioned relative,
+    # the tokenizer by the hash of its files.
     step_json = json.loads(
         (Path(plan.dag.nodes[plan.in_state(State.CACHED)[0]].output_path) / ".step.json").read_text()
     )
-    assert step_json["identity"]["versioned"]["train"] == ["data/corpus/prose/train-*.jsonl"]
+    identity = step_json["identity"]["versioned"]["input_identity"]
+    assert identity["train"] == ["data/corpus/prose/train-*.jsonl"]
+    assert identity["tokenizer"].startswith("sha256:")
+    # What the step read is recorded for later plans to compare with.
+    assert set(step_json["inputs"]) == {f"train:data/corpus/prose/train-000{i}.jsonl" for i in range(4)} | {
+        "validation:data/corpus/prose/validation-0000.jsonl"
+    }
 
 
 def test_the_plan_shows_training_parameters_and_tokens_before_any_data_exists(tmp_path):

@@ -1,0 +1,259 @@
+"""Raw inputs of data steps: where their files are, what identifies them, and what they held.
+
+An input is a path, glob or directory (local ones relative to `input_root`, or a URL), or a
+`RawDataset`: a named, versioned dataset with one or more locations (mirrors) of the same files.
+
+**Identity** (`input_identity`) is what a step's identity takes from an input. It never depends
+on where the data lives, so that copying raw data to another bucket or region (a failover, a
+move to cheaper storage) does not fork every step downstream:
+
+    RawDataset            {"dataset": name, "version": version}; content-addressed datasets
+                          add the digest of their listing
+    relative local path   as written (it is under `input_root`, which is not versioned)
+    absolute local path   relative to `input_root` when under it, else normalized
+    URL                   its path inside the bucket: scheme and bucket dropped, so
+                          gs://us/raw/web/*.jsonl and s3://eu/raw/web/*.jsonl are one input
+
+**Listing** (`list_inputs`): every file of the inputs with a fingerprint, keyed by a name that does
+not depend on the location either. The fingerprint is the size plus a checksum the object store
+keeps (GCS `md5Hash`/`crc32c`, S3 `ETag`), or for a local file the sha256 of its content (size and
+modification time above `HASH_LIMIT`). Steps that read raw inputs record their listing when they
+run (`step_function(inputs=...)`); each later plan lists again and notes what changed
+("input listing changed: 1 file modified"), so a cached step never goes stale silently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import posixpath
+import stat
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+
+from pipeline import StepDeclarationError
+
+__all__ = [
+    "HASH_LIMIT",
+    "InputError",
+    "RawDataset",
+    "expand_input",
+    "input_identity",
+    "list_inputs",
+    "raw_dataset",
+    "tokenizer_identity",
+]
+
+HASH_LIMIT = 256 * 2**20
+"""Local files up to this size are fingerprinted by a content hash; larger ones by size and
+modification time (hashing a large local corpus on every plan would cost more than it is worth)."""
+
+# Checksums an object store keeps per object, in order of preference; whichever a listing has.
+_CHECKSUMS = ("md5Hash", "crc32c", "ETag", "etag", "md5", "checksum")
+_GLOB_CHARS = "*?["
+
+
+class InputError(ValueError):
+    """An input cannot be found, listed or read."""
+
+
+@dataclass(frozen=True)
+class RawDataset:
+    """A named, versioned raw dataset: the same files at one or more locations (mirrors).
+
+    Identity is the name and version, not the locations: the same dataset read from another
+    bucket or region keeps every identity downstream. Declare it with `raw_dataset`.
+    """
+
+    name: str
+    version: str
+    urls: tuple[str, ...]
+    """Locations of the same files: each a path, glob or directory (local or a URL)."""
+    content_digest: str | None = None
+    """For a content-addressed dataset: the digest of its listing, taken when declared."""
+
+    def location(self) -> str:
+        """The location a step reads from: the first (see docs/data.md)."""
+        return self.urls[0]
+
+
+def raw_dataset(
+    name: str,
+    *,
+    version: str,
+    urls: Sequence[str],
+    content_addressed: bool = False,
+    input_root: str | None = None,
+) -> RawDataset:
+    """Declare a raw dataset by name and version, readable at each of `urls` (mirrors).
+
+    By default its identity is `name` and `version`: files added or changed under the URLs give
+    a drift note on cached steps, not a new identity (bump `version` to rerun). With
+    `content_addressed=True` the listing is taken now and its digest joins the identity, so any
+    change reruns what reads it (this needs the files to be readable when the experiment is
+    planned).
+    """
+    where = f"raw dataset {name!r}"
+    if not name or "/" in name:
+        raise StepDeclarationError(None, f"{where}: a dataset name is non-empty and has no '/'", field="name")
+    if not version:
+        raise StepDeclarationError(None, f"{where}: declare a version", field="version")
+    if isinstance(urls, str) or not urls or not all(isinstance(u, str) and u for u in urls):
+        raise StepDeclarationError(
+            None, f"{where}: declares no URLs; give one or more locations", field="urls"
+        )
+    dataset = RawDataset(name, str(version), tuple(urls))
+    if not content_addressed:
+        return dataset
+    try:
+        listing = {key: _fingerprint(path, info) for path, key, info in expand_input(dataset, input_root)}
+    except InputError as e:
+        raise StepDeclarationError(None, f"{where}: content-addressed, but {e}", field="urls") from e
+    return RawDataset(name, str(version), tuple(urls), listing_digest(listing))
+
+
+# -- identity ------------------------------------------------------------------------------------
+
+
+def input_identity(spec: str | RawDataset, root: str | None) -> Any:
+    """What a step's identity takes from one input (see the module docstring)."""
+    if isinstance(spec, RawDataset):
+        out = {"dataset": spec.name, "version": spec.version}
+        if spec.content_digest:
+            out["content"] = spec.content_digest
+        return out
+    if "://" in spec and not spec.startswith("file://"):
+        return spec.split("://", 1)[1].split("/", 1)[1] if "/" in spec.split("://", 1)[1] else ""
+    path = spec.removeprefix("file://")
+    if not os.path.isabs(path):
+        return posixpath.normpath(path)
+    path = os.path.normpath(path)
+    if root is not None and "://" not in root:
+        base = os.path.normpath(os.path.abspath(root))
+        if path == base or path.startswith(base + os.sep):
+            return os.path.relpath(path, base)
+    return path
+
+
+def tokenizer_identity(spec: str, root: str | None) -> str:
+    """A local tokenizer directory by the hash of its files (so a colleague's checkout elsewhere
+    has the same identity); a hub name or URL as written."""
+    if "://" in spec:
+        return spec
+    candidate = spec if os.path.isabs(spec) or root is None else os.path.join(root, spec)
+    if not os.path.isdir(candidate):
+        return spec
+    digest = hashlib.sha256()
+    for name in sorted(os.listdir(candidate)):
+        path = os.path.join(candidate, name)
+        if os.path.isfile(path) and not name.startswith("."):
+            digest.update(name.encode() + b"\0")
+            digest.update(_sha256_file(path).encode() + b"\0")
+    return f"sha256:{digest.hexdigest()[:32]}"
+
+
+# -- expanding and listing -----------------------------------------------------------------------
+
+
+def expand_input(
+    spec: str | RawDataset, root: str | None, accept: Callable[[str], bool] | None = None
+) -> list[tuple[str, str, dict[str, Any]]]:
+    """(path or URL, location-independent key, fsspec info) of every file under one input, in a
+    stable order; of a directory's files only those `accept` takes. A missing path, an empty glob
+    or a directory with nothing accepted is an `InputError`; so is a listing that cannot be read
+    (naming the input and why)."""
+    raw = spec.location() if isinstance(spec, RawDataset) else spec
+    url = raw if ("://" in raw or os.path.isabs(raw) or root is None) else os.path.join(root, raw)
+    shown = f"dataset {spec.name!r} at {raw!r}" if isinstance(spec, RawDataset) else repr(raw)
+    try:
+        fs, path = fsspec.core.url_to_fs(url)
+        remote = "://" in url and not url.startswith("file://")
+        if any(ch in path for ch in _GLOB_CHARS):
+            found = {p: i for p, i in fs.glob(path, detail=True).items() if i.get("type") != "directory"}
+            base = path[: min(path.index(ch) for ch in _GLOB_CHARS if ch in path)].rsplit("/", 1)[0]
+            if not found:
+                raise InputError(f"input {shown} matches no files")
+            kind = "glob"
+        elif not fs.exists(path):
+            raise InputError(f"input {shown} does not exist")
+        elif fs.isdir(path):
+            found = {p: i for p, i in fs.find(path, detail=True).items() if accept is None or accept(p)}
+            base, kind = path.rstrip("/"), "dir"
+            if not found:
+                raise InputError(f"input directory {shown} holds no files to read")
+        else:
+            found = {path: fs.info(path)}
+            base, kind = (path.rsplit("/", 1)[0] if "/" in path else ""), "file"
+    except InputError:
+        raise
+    except Exception as e:  # a bucket we may not list, a network error, a missing filesystem
+        raise InputError(f"input {shown} cannot be listed: {type(e).__name__}: {e}") from e
+    if isinstance(spec, RawDataset):
+        prefix = spec.name
+    else:
+        # The input's own identity, up to the part its files are named relative to.
+        ident = str(input_identity(spec, root))
+        if kind == "glob":
+            ident = ident[: min(ident.index(ch) for ch in _GLOB_CHARS if ch in ident)]
+        prefix = ident.rstrip("/") if kind == "dir" else (ident.rsplit("/", 1)[0] if "/" in ident else "")
+    out = []
+    for p in sorted(found):
+        rel = posixpath.relpath(p, base) if base else p
+        key = f"{prefix}/{rel}" if prefix else rel
+        out.append((fs.unstrip_protocol(p) if remote else p, key, found[p]))
+    return out
+
+
+def list_inputs(
+    inputs: Mapping[str, Iterable[str | RawDataset]],
+    root: str | None,
+    accept: Callable[[str], bool] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """`{"<group>:<key>": fingerprint}` of every file under `inputs` (group -> specs, e.g. train and
+    validation). Raises `InputError` for an input that is missing or cannot be listed."""
+    out: dict[str, dict[str, Any]] = {}
+    for group, specs in inputs.items():
+        for spec in specs:
+            try:
+                found = expand_input(spec, root, accept)
+            except InputError as e:
+                raise InputError(f"{group} {e}") from e
+            for path, key, info in found:
+                out[f"{group}:{key}"] = _fingerprint(path, info)
+    return out
+
+
+def listing_digest(listing: Mapping[str, Mapping[str, Any]]) -> str:
+    """A short hash of a listing (what a content-addressed dataset's identity takes)."""
+    text = "\n".join(f"{k}\t{sorted(v.items())}" for k, v in sorted(listing.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _fingerprint(path: str, info: Mapping[str, Any]) -> dict[str, Any]:
+    size = info.get("size")
+    out: dict[str, Any] = {"size": int(size) if size is not None else None}
+    for key in _CHECKSUMS:
+        value = info.get(key)
+        if value:
+            out[key.lower()] = str(value).strip('"')
+            return out
+    if "://" not in path or path.startswith("file://"):
+        local = path.removeprefix("file://")
+        st = os.stat(local)
+        # A pipe or device has no content to hash without consuming it: its mtime stands in.
+        if stat.S_ISREG(st.st_mode) and st.st_size <= HASH_LIMIT:
+            out["sha256"] = _sha256_file(local)
+        else:
+            out["mtime"] = int(st.st_mtime)
+    return out
+
+
+def _sha256_file(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
