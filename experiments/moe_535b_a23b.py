@@ -24,7 +24,11 @@ Differences from the original run, which this declaration cannot reproduce exact
   * the data components and their weights are placeholders with the original's structure
     (three phases: initial, main from 28%, cooldown from 80%). Each is a raw dataset declared by
     name and version (`steps.sources.raw_dataset`) at two mirror locations, DRYDOCK_535B_DATA and
-    DRYDOCK_535B_DATA_MIRROR: moving the data between them keeps every identity.
+    DRYDOCK_535B_DATA_MIRROR: moving the data between them keeps every identity;
+  * each component's training files are deduplicated and decontaminated before tokenizing, as
+    steps of their own. The dedupe step's global pass holds every document's MinHash signature in
+    one process (512 bytes per document): at this scale (billions of documents per component) it
+    needs the LSH bands sharded across hosts, which the step does not do yet.
 
 The run: 18T tokens at a global batch of 11,264 x 4,096 tokens = 390,140 steps, on two v5p-2048
 slices; tokenization on CPU hosts.
@@ -35,7 +39,9 @@ from __future__ import annotations
 import math
 import os
 
-from pipeline import Resources, executor_main
+from pipeline import Resources, Step, executor_main
+from steps.decontaminate import decontaminate_step
+from steps.dedupe import dedupe_step
 from steps.evaluate import evaluate_step
 from steps.mixture import mixture_step
 from steps.moe import MoeModelConfig
@@ -75,11 +81,31 @@ def raw(name: str, pattern: str) -> RawDataset:
     return raw_dataset(name, version=DATA_VERSION, urls=[f"{DATA}/{pattern}", f"{DATA_MIRROR}/{pattern}"])
 
 
+VALIDATION = {
+    name: raw(f"{name}-validation", validation) for name, (_train, validation) in COMPONENTS.items()
+}
+
+
+def curated(name: str, pattern: str) -> Step:
+    """A component's training files, deduplicated (exact and MinHash LSH) and then decontaminated
+    against every validation set and the downstream tasks' rows (13-grams)."""
+    deduped = dedupe_step(
+        f"dedupe/{name}", inputs=[raw(f"{name}-train", pattern)], num_workers=64, resources=CPU_HOST
+    )
+    return decontaminate_step(
+        f"decontaminate/{name}",
+        inputs=[deduped / "data"],
+        evaluation=[*VALIDATION.values(), f"{TASK_DATA}/*/*.jsonl"],
+        num_workers=64,
+        resources=CPU_HOST,
+    )
+
+
 tokenized = {
     name: tokenize_step(
         f"tokenized/{name}",
-        train=[raw(f"{name}-train", train)],
-        validation=[raw(f"{name}-validation", validation)],
+        train=[curated(name, train) / "data"],
+        validation=[VALIDATION[name]],
         tokenizer=TOKENIZER,
         num_workers=64,
         resources=CPU_HOST,

@@ -1,7 +1,12 @@
-"""The default experiment: tokenize a two-domain corpus, mix it, train a tiny MoE, evaluate it.
+"""The default experiment: curate a two-domain corpus, tokenize it, mix it, train a tiny MoE,
+evaluate it.
 
-    tokenized/prose, tokenized/arithmetic   the committed demo corpus (data/corpus), train and
-                                            validation, with the committed BPE tokenizer
+    dedupe/demo                             exact and near duplicates (MinHash LSH) removed from
+                                            the committed demo corpus's training files (data/corpus)
+    decontaminate/demo                      training documents sharing a 13-gram with the demo
+                                            task suite's test rows removed
+    tokenized/prose, tokenized/arithmetic   the curated training files and the validation files,
+                                            with the committed BPE tokenizer
     mixture/tiny                            two phases: an even mix, then mostly prose
     train/tiny-qwen3-moe                    a Qwen3-MoE: 2 layers, d=64, 4 experts, top-2
     evaluate/tiny-qwen3-moe                 loss and bits-per-byte per validation set
@@ -16,6 +21,8 @@ from __future__ import annotations
 import os
 
 from pipeline import Resources, executor_main
+from steps.decontaminate import decontaminate_step
+from steps.dedupe import dedupe_step
 from steps.demo_tasks import DEMO_TASKS
 from steps.evaluate import evaluate_step
 from steps.mixture import mixture_step
@@ -31,10 +38,23 @@ SEQ_LEN = 128
 NUM_STEPS = 320
 
 
+DOMAINS = ("prose", "arithmetic")
+
+# Curation before tokenizing, over both domains at once (duplicates across them count too).
+deduped = dedupe_step(
+    "dedupe/demo", inputs=[f"corpus/{domain}/train-*.jsonl" for domain in DOMAINS], input_root=f"{ROOT}/data"
+)
+# Against the downstream tasks. Not against the validation files: the demo corpus is generated
+# from sentence templates, so its splits share 13-grams by construction (docs/data.md).
+decontaminated = decontaminate_step(
+    "decontaminate/demo", inputs=[deduped / "data"], tasks=DEMO_TASKS, input_root=ROOT
+)
+
+
 def tokenized(domain: str):
     return tokenize_step(
         f"tokenized/{domain}",
-        train=[f"data/corpus/{domain}/train-*.jsonl"],
+        train=[decontaminated / f"data/corpus/{domain}"],
         validation=[f"data/corpus/{domain}/validation-*.jsonl"],
         tokenizer=TOKENIZER,
         input_root=ROOT,

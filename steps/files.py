@@ -19,6 +19,7 @@ from fsspec.implementations.local import LocalFileSystem
 __all__ = [
     "exists",
     "local_path",
+    "read_bytes",
     "read_json",
     "read_text",
     "save_figure",
@@ -61,6 +62,12 @@ def write_text(path: str, text: str) -> None:
 def write_json(path: str, value: Any, *, indent: int | None = 2) -> None:
     """Replace the file at `path` with `value` as JSON."""
     write_text(path, json.dumps(value, indent=indent))
+
+
+def read_bytes(path: str) -> bytes:
+    """The bytes of the file at `path` (a path or URL); FileNotFoundError if there is none."""
+    with fsspec.open(path, "rb") as f:
+        return f.read()
 
 
 def read_text(path: str) -> str:

@@ -159,12 +159,18 @@ def tokenizer_identity(spec: str, root: str | None) -> str:
 
 
 def expand_input(
-    spec: str | RawDataset, root: str | None, accept: Callable[[str], bool] | None = None
+    spec: str | RawDataset,
+    root: str | None,
+    accept: Callable[[str], bool] | None = None,
+    *,
+    named: bool = True,
 ) -> list[tuple[str, str, dict[str, Any]]]:
     """(path or URL, location-independent key, fsspec info) of every file under one input, in a
-    stable order; of a directory's files only those `accept` takes. A missing path, an empty glob
-    or a directory with nothing accepted is an `InputError`; so is a listing that cannot be read
-    (naming the input and why)."""
+    stable order; of a directory's files only those `accept` takes. A key is the input's identity
+    (`input_identity`) up to its glob, plus the file's path under it; with `named=False` (an
+    upstream step's output, whose path says nothing lasting) only the path under it. A missing
+    path, an empty glob or a directory with nothing accepted is an `InputError`; so is a listing
+    that cannot be read (naming the input and why)."""
     raw = spec.location() if isinstance(spec, RawDataset) else spec
     url = raw if ("://" in raw or os.path.isabs(raw) or root is None) else os.path.join(root, raw)
     shown = f"dataset {spec.name!r} at {raw!r}" if isinstance(spec, RawDataset) else repr(raw)
@@ -191,7 +197,9 @@ def expand_input(
         raise
     except Exception as e:  # a bucket we may not list, a network error, a missing filesystem
         raise InputError(f"input {shown} cannot be listed: {type(e).__name__}: {e}") from e
-    if isinstance(spec, RawDataset):
+    if not named:
+        prefix = ""
+    elif isinstance(spec, RawDataset):
         prefix = spec.name
     else:
         # The input's own identity, up to the part its files are named relative to.

@@ -32,7 +32,13 @@ def test_the_plan_lists_every_step_with_parameters_tokens_and_steps(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     steps = {s["name"]: s for s in json.loads(result.stdout)["steps"]}
-    assert len(steps) == 9 and {s["state"] for s in steps.values()} == {"RUN"}
+    assert len(steps) == 19 and {s["state"] for s in steps.values()} == {"RUN"}
+    # Raw data is curated before it is tokenized: dedupe, then decontaminate, per component.
+    assert {n for n in steps if n.startswith(("dedupe/", "decontaminate/"))} == {
+        f"{kind}/{c}"
+        for kind in ("dedupe", "decontaminate")
+        for c in ("web", "code", "math", "books", "instruction")
+    }
     train = steps["train/moe-535b-a23b"]
     assert abs(train["total_params"] / 535e9 - 1) < 0.03
     assert abs(train["active_params"] / 23e9 - 1) < 0.03

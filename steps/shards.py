@@ -1,0 +1,139 @@
+"""Document shards as the data-curation steps read and write them: jsonl or parquet, any fsspec
+location, optionally compressed (`.gz`, `.zst`).
+
+`shard_texts(path, text_field)` yields each record's text; `write_kept(src, dst, keep, ...)`
+writes the records of `src` whose index `keep` marks to `dst` in the same format and
+compression, byte for byte for jsonl lines, so that a filtered shard is the input minus some
+records and nothing else. Every error names the file and the line (or row).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import fsspec
+
+from steps.files import write_file
+
+__all__ = ["ShardError", "is_shard", "shard_records", "shard_texts", "write_kept"]
+
+_COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+_JSON = (".jsonl", ".json", ".ndjson")
+
+
+class ShardError(ValueError):
+    """A shard that cannot be read: its format, a malformed record, a missing text field."""
+
+
+def _split(path: str) -> tuple[str, str | None]:
+    lower = path.lower()
+    for suffix, compression in _COMPRESSIONS.items():
+        if lower.endswith(suffix):
+            return lower[: -len(suffix)], compression
+    return lower, None
+
+
+def is_shard(path: str) -> bool:
+    """Whether `path` is a jsonl or parquet file (optionally compressed)."""
+    base, _ = _split(path)
+    return base.endswith((*_JSON, ".parquet"))
+
+
+def shard_texts(path: str, text_field: str) -> Iterator[str]:
+    """The text of every record of a shard, in order."""
+    base, compression = _split(path)
+    if base.endswith(".parquet"):
+        yield from _parquet_texts(path, text_field)
+        return
+    if not base.endswith(_JSON):
+        raise ShardError(f"{path}: unknown format; use .jsonl or .parquet (optionally .gz or .zst)")
+    with fsspec.open(path, "rb", compression=compression) as raw:
+        for number, line in enumerate(io.TextIOWrapper(raw, encoding="utf-8"), 1):
+            if line.strip():
+                yield _text_of(line, path, number, text_field)
+
+
+def shard_records(path: str) -> Iterator[Any]:
+    """Every record of a shard as a value: a JSON record per line, or a parquet row as a dict."""
+    base, compression = _split(path)
+    if base.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        with fsspec.open(path, "rb") as f:
+            yield from pq.read_table(f).to_pylist()
+        return
+    if not base.endswith(_JSON):
+        raise ShardError(f"{path}: unknown format; use .jsonl or .parquet (optionally .gz or .zst)")
+    with fsspec.open(path, "rb", compression=compression) as raw:
+        for number, line in enumerate(io.TextIOWrapper(raw, encoding="utf-8"), 1):
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except ValueError as e:
+                    raise ShardError(f"{path} line {number}: malformed JSON ({e})") from e
+
+
+def _text_of(line: str, path: str, number: int, text_field: str) -> str:
+    try:
+        record = json.loads(line)
+    except ValueError as e:
+        raise ShardError(f"{path} line {number}: malformed JSON ({e})") from e
+    text = record.get(text_field) if isinstance(record, dict) else None
+    if not isinstance(text, str):
+        found = sorted(record) if isinstance(record, dict) else type(record).__name__
+        raise ShardError(f"{path} line {number}: no text field {text_field!r} (found: {found})")
+    return text
+
+
+def _parquet_texts(path: str, text_field: str) -> Iterator[str]:
+    import pyarrow.parquet as pq
+
+    with fsspec.open(path, "rb") as f:
+        table = pq.ParquetFile(f)
+        if text_field not in table.schema_arrow.names:
+            raise ShardError(f"{path}: no column {text_field!r} (columns: {table.schema_arrow.names})")
+        row = 0
+        for batch in table.iter_batches(columns=[text_field]):
+            for value in batch.column(0).to_pylist():
+                row += 1
+                if not isinstance(value, str):
+                    raise ShardError(f"{path} row {row}: {text_field!r} is {value!r}, not text")
+                yield value
+
+
+def write_kept(src: str, dst: str, keep: Sequence[bool]) -> None:
+    """Write the records of `src` marked in `keep` (one flag per record, in order) to `dst`, in
+    the format and compression of `src`. Replaces `dst` whole (atomically on local disk)."""
+    base, compression = _split(src)
+    if base.endswith(".parquet"):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        with fsspec.open(src, "rb") as f:
+            table = pq.read_table(f)
+        out = io.BytesIO()
+        pq.write_table(table.filter(pa.array(list(keep), type=pa.bool_())), out)
+        write_file(dst, out.getvalue())
+        return
+    kept = io.BytesIO()
+    index = 0
+    with fsspec.open(src, "rb", compression=compression) as raw:
+        for line in raw:
+            if not line.strip():
+                continue
+            if keep[index]:
+                kept.write(line if line.endswith(b"\n") else line + b"\n")
+            index += 1
+    data = kept.getvalue()
+    if compression == "gzip":
+        import gzip
+
+        data = gzip.compress(data, mtime=0)
+    elif compression == "zstd":
+        import zstandard
+
+        data = zstandard.ZstdCompressor().compress(data)
+    write_file(dst, data)
