@@ -52,6 +52,7 @@ from steps.train_moe import OptimizerSpec, train_moe_step
 
 DATA = os.environ.get("DRYDOCK_535B_DATA", "gs://your-bucket/raw")
 DATA_MIRROR = os.environ.get("DRYDOCK_535B_DATA_MIRROR", "gs://your-bucket-eu/raw")
+DATA_REGIONS = ("us-central1", "europe-west4")  # where DATA and DATA_MIRROR are; hosts set DRYDOCK_REGION
 DATA_VERSION = "2026-11"  # the raw data's release: bump it when the files are replaced
 TOKENIZER = os.environ.get("DRYDOCK_535B_TOKENIZER", "meta-llama/Meta-Llama-3.1-8B")
 TASK_DATA = os.environ.get("DRYDOCK_535B_TASK_DATA", "gs://your-bucket/eval-tasks")
@@ -76,9 +77,11 @@ COMPONENTS = {
 
 
 def raw(name: str, pattern: str) -> RawDataset:
-    """A raw dataset by name and version, at two mirror locations (two regions): its identity,
-    and so every identity downstream, is the same whichever location a step reads from."""
-    return raw_dataset(name, version=DATA_VERSION, urls=[f"{DATA}/{pattern}", f"{DATA_MIRROR}/{pattern}"])
+    """A raw dataset by name and version, at two mirror locations (two regions): a step reads the
+    one in its host's region (DRYDOCK_REGION), and its identity, and so every identity downstream,
+    is the same whichever location it reads from."""
+    urls = {DATA_REGIONS[0]: f"{DATA}/{pattern}", DATA_REGIONS[1]: f"{DATA_MIRROR}/{pattern}"}
+    return raw_dataset(name, version=DATA_VERSION, urls=urls)
 
 
 VALIDATION = {

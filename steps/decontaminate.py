@@ -215,7 +215,9 @@ def _files(config: DecontaminateConfig, specs: Sequence[Any], what: str) -> list
     for spec, identity in zip(specs, identities, strict=True):
         source = spec.name if isinstance(spec, RawDataset) else str(spec if identity is None else identity)
         try:
-            found = expand_input(spec, config.input_root, accept=is_shard, named=identity is not None)
+            found = expand_input(
+                spec, config.input_root, accept=is_shard, named=identity is not None, reading=True
+            )
         except InputError as e:
             raise DecontaminateError(f"{what}: {e}") from e
         for path, key, _info in found:

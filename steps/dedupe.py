@@ -217,7 +217,9 @@ def _shards(config: DedupeConfig) -> list[tuple[str, str, str]]:
     for spec, identity in zip(config.inputs, identities, strict=True):
         source = spec.name if isinstance(spec, RawDataset) else str(spec if identity is None else identity)
         try:
-            found = expand_input(spec, config.input_root, accept=is_shard, named=identity is not None)
+            found = expand_input(
+                spec, config.input_root, accept=is_shard, named=identity is not None, reading=True
+            )
         except InputError as e:
             raise DedupeError(f"inputs: {e}") from e
         for path, key, _info in found:

@@ -24,6 +24,7 @@ run (`step_function(inputs=...)`); each later plan lists again and notes what ch
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import posixpath
@@ -37,15 +38,21 @@ import fsspec
 from pipeline import StepDeclarationError
 
 __all__ = [
+    "DEFAULT_BUDGET",
     "HASH_LIMIT",
     "InputError",
     "RawDataset",
+    "current_region",
     "expand_input",
     "input_identity",
     "list_inputs",
     "raw_dataset",
     "tokenizer_identity",
 ]
+
+DEFAULT_BUDGET = 2**30
+"""The default cross-region budget of a raw dataset: 1 GiB per step. Small on purpose: reading a
+pretraining corpus across regions costs egress per byte, so it must be asked for."""
 
 HASH_LIMIT = 256 * 2**20
 """Local files up to this size are fingerprinted by a content hash; larger ones by size and
@@ -74,45 +81,77 @@ class RawDataset:
     """Locations of the same files: each a path, glob or directory (local or a URL)."""
     content_digest: str | None = None
     """For a content-addressed dataset: the digest of its listing, taken when declared."""
+    regions: tuple[str | None, ...] = ()
+    """The region of each location, where declared (`urls` as a mapping); else empty."""
+    cross_region_budget: int = DEFAULT_BUDGET
+    """The most bytes a step may read from a location in another region than its own."""
 
-    def location(self) -> str:
-        """The location a step reads from: the first (see docs/data.md)."""
+    def region_of(self, url: str) -> str | None:
+        """The declared region of one of the dataset's locations (None: not declared)."""
+        return dict(zip(self.urls, self.regions, strict=False)).get(url)
+
+    def location(self, region: str | None = None) -> str:
+        """The location a step in `region` reads from: the one declared in that region, else the
+        first (docs/data.md, "Mirrors and a cross-region budget")."""
+        for url, where in zip(self.urls, self.regions, strict=False):
+            if region is not None and where == region:
+                return url
         return self.urls[0]
+
+
+def current_region() -> str | None:
+    """The region this process runs in, as its host declares it: `DRYDOCK_REGION` (set it in each
+    node's environment, e.g. before `ray start`, or in a step's `Resources(env=...)`)."""
+    return os.environ.get("DRYDOCK_REGION") or None
 
 
 def raw_dataset(
     name: str,
     *,
     version: str,
-    urls: Sequence[str],
+    urls: Sequence[str] | Mapping[str, str],
     content_addressed: bool = False,
+    cross_region_budget: int = DEFAULT_BUDGET,
     input_root: str | None = None,
 ) -> RawDataset:
     """Declare a raw dataset by name and version, readable at each of `urls` (mirrors).
 
-    By default its identity is `name` and `version`: files added or changed under the URLs give
-    a drift note on cached steps, not a new identity (bump `version` to rerun). With
-    `content_addressed=True` the listing is taken now and its digest joins the identity, so any
-    change reruns what reads it (this needs the files to be readable when the experiment is
-    planned).
+    `urls` is a list of locations, or a mapping region -> location; with regions, a step reads the
+    location in its own region (`current_region`) and may read at most `cross_region_budget`
+    bytes from another region. By default the identity is `name` and `version`: files added or
+    changed under the URLs give a drift note on cached steps, not a new identity (bump `version`
+    to rerun). With `content_addressed=True` the listing is taken now and its digest joins the
+    identity, so any change reruns what reads it (the files must be readable when the experiment
+    is planned).
     """
     where = f"raw dataset {name!r}"
     if not name or "/" in name:
         raise StepDeclarationError(None, f"{where}: a dataset name is non-empty and has no '/'", field="name")
     if not version:
         raise StepDeclarationError(None, f"{where}: declare a version", field="version")
+    regions: tuple[str | None, ...] = ()
+    if isinstance(urls, Mapping):
+        regions, urls = tuple(urls), list(urls.values())
     if isinstance(urls, str) or not urls or not all(isinstance(u, str) and u for u in urls):
         raise StepDeclarationError(
             None, f"{where}: declares no URLs; give one or more locations", field="urls"
         )
-    dataset = RawDataset(name, str(version), tuple(urls))
+    if (
+        isinstance(cross_region_budget, bool)
+        or not isinstance(cross_region_budget, int)
+        or cross_region_budget < 0
+    ):
+        raise StepDeclarationError(
+            None, f"{where}: cross_region_budget is a number of bytes >= 0", field="cross_region_budget"
+        )
+    dataset = RawDataset(name, str(version), tuple(urls), None, regions, cross_region_budget)
     if not content_addressed:
         return dataset
     try:
         listing = {key: _fingerprint(path, info) for path, key, info in expand_input(dataset, input_root)}
     except InputError as e:
         raise StepDeclarationError(None, f"{where}: content-addressed, but {e}", field="urls") from e
-    return RawDataset(name, str(version), tuple(urls), listing_digest(listing))
+    return dataclasses.replace(dataset, content_digest=listing_digest(listing))
 
 
 # -- identity ------------------------------------------------------------------------------------
@@ -164,6 +203,7 @@ def expand_input(
     accept: Callable[[str], bool] | None = None,
     *,
     named: bool = True,
+    reading: bool = False,
 ) -> list[tuple[str, str, dict[str, Any]]]:
     """(path or URL, location-independent key, fsspec info) of every file under one input, in a
     stable order; of a directory's files only those `accept` takes. A key is the input's identity
@@ -171,7 +211,8 @@ def expand_input(
     upstream step's output, whose path says nothing lasting) only the path under it. A missing
     path, an empty glob or a directory with nothing accepted is an `InputError`; so is a listing
     that cannot be read (naming the input and why)."""
-    raw = spec.location() if isinstance(spec, RawDataset) else spec
+    region = current_region()
+    raw = spec.location(region) if isinstance(spec, RawDataset) else spec
     url = raw if ("://" in raw or os.path.isabs(raw) or root is None) else os.path.join(root, raw)
     shown = f"dataset {spec.name!r} at {raw!r}" if isinstance(spec, RawDataset) else repr(raw)
     try:
@@ -207,12 +248,27 @@ def expand_input(
         if kind == "glob":
             ident = ident[: min(ident.index(ch) for ch in _GLOB_CHARS if ch in ident)]
         prefix = ident.rstrip("/") if kind == "dir" else (ident.rsplit("/", 1)[0] if "/" in ident else "")
+    if reading and isinstance(spec, RawDataset):
+        _check_budget(spec, raw, region, sum(int(i.get("size") or 0) for i in found.values()))
     out = []
     for p in sorted(found):
         rel = posixpath.relpath(p, base) if base else p
         key = f"{prefix}/{rel}" if prefix else rel
         out.append((fs.unstrip_protocol(p) if remote else p, key, found[p]))
     return out
+
+
+def _check_budget(dataset: RawDataset, url: str, region: str | None, size: int) -> None:
+    """Refuse to read more than the dataset's budget from a location in another region. Known
+    only where both regions are: this process's (`current_region`) and the location's."""
+    source = dataset.region_of(url)
+    if region is None or source is None or source == region or size <= dataset.cross_region_budget:
+        return
+    raise InputError(
+        f"dataset {dataset.name!r}: reading {size:,} bytes from {url} (region {source}) in region "
+        f"{region} is over its cross-region budget of {dataset.cross_region_budget:,} bytes; add a "
+        f"location in {region} (the mirror step copies one) or raise cross_region_budget"
+    )
 
 
 def list_inputs(

@@ -33,7 +33,7 @@ def expand_inputs(inputs: Sequence[str | RawDataset], root: str | None, split: s
     files: list[str] = []
     for spec in inputs:
         try:
-            found = expand_input(spec, root, accept=is_data_file)
+            found = expand_input(spec, root, accept=is_data_file, reading=True)
         except InputError as e:
             raise TokenizeError(f"{split} {e}") from e
         for path, _key, _info in found:
