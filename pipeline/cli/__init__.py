@@ -9,6 +9,7 @@
     drydock compare RUN [RUN ...]     runs side by side: the fields that differ, the metrics
     drydock gc [--prefix P] ...       list (and delete) step outputs no kept manifest references
     drydock pin PATH|LABEL            protect a step output from `drydock gc`
+    drydock adopt FILE STEP FROM      commit an existing directory as STEP's output
     drydock dashboard [--prefix P]    a read-only web page of the prefix
 
 Wherever FILE is accepted, a run manifest (`<prefix>/experiments/<name>-<hash>.json`, a local
@@ -104,6 +105,14 @@ COMMANDS: tuple[Command, ...] = (
         "pin_command",
         "drydock pin PATH|LABEL [--prefix P] [--unpin]",
         "mark a step output (a path, or a label under --prefix) so that gc keeps it; --unpin",
+    ),
+    Command(
+        "adopt",
+        "pipeline.cli.adopt",
+        "adopt_command",
+        "drydock adopt FILE|MANIFEST STEP FROM [options]",
+        "commit an existing directory FROM (made before Drydock, or by hand) as the output of STEP\n"
+        "under its identity, so the steps downstream build on it; recorded as adopted and pinned",
     ),
     Command(
         "dashboard",

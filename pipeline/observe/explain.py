@@ -14,6 +14,7 @@ only for those steps and lists each parent directory once, so a cached plan cost
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -123,6 +124,8 @@ class Explanation:
     others: tuple[OtherRun, ...] = field(default=())
     step_json_note: str | None = None
     """Set when this identity's `.step.json` is not the one its SUCCESS recorded (edited since)."""
+    adopted: str | None = None
+    """Set when the output was adopted (`drydock adopt`): from where, by whom, when."""
 
 
 def _short(value: Any, width: int = 48) -> str:
@@ -310,7 +313,19 @@ def explain_step(dag: Dag, label: str, store: StepStore) -> Explanation:
         state=state,
         others=tuple(others),
         step_json_note=_step_json_note(reader, node.output_path),
+        adopted=_adopted(reader, node.output_path),
     )
+
+
+def _adopted(reader: _Reader, step_dir: str) -> str | None:
+    """ "<from> by <who> at <when>" if the committed output was adopted, not made by a run."""
+    record = reader.record(step_dir)
+    last = record.last if record is not None else None
+    adopted = last.data.get("adopted") if last is not None and last.event == Event.SUCCESS else None
+    if not isinstance(adopted, dict):
+        return None
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(adopted.get("at") or 0))
+    return f"not made by a run: {adopted.get('from')} adopted by {adopted.get('by')} at {when}"
 
 
 def _step_json_note(reader: _Reader, step_dir: str) -> str | None:
@@ -355,6 +370,7 @@ def format_explanation(exp: Explanation, dag: Dag, *, now: float) -> str:
         f"{exp.label}",
         f"  output:   {exp.output_path}  [{exp.state or 'not started'}]",
         *([f"  note:     {exp.step_json_note}"] if exp.step_json_note else []),
+        *([f"  adopted:  {exp.adopted}"] if exp.adopted else []),
         f"  identity: sha256 {exp.hash}",
         "  of (everything below, nothing else):",
         f"    name     {p.get('name')!r}",

@@ -18,14 +18,16 @@ import fcntl
 import logging
 import os
 import random
+import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 
 from pipeline.errors import StorageError
 from pipeline.storage.layout import TMP_PREFIX
@@ -171,6 +173,32 @@ class Storage:
                 return 0
 
         return self._retrying("measure", path, once)
+
+    def copy_in(self, source: str, directory: str, skip: Collection[str] = ()) -> list[str]:
+        """Copy the files under `source` (a directory: a path or URL, maybe in another store) into
+        `directory`, keeping their relative names, except entries at the top named in `skip`.
+        Returns the relative names copied. Within one store the store copies; across stores the
+        bytes go through this process. Each file is written whole (`write`)."""
+        src_fs, src = fsspec.core.url_to_fs(source)
+        src = src.rstrip("/")
+        names = []
+        for path in sorted(src_fs.find(src)):
+            rel = path[len(src) + 1 :]
+            if rel.split("/", 1)[0] in skip:
+                continue
+            target = f"{directory.rstrip('/')}/{rel}"
+            if isinstance(src_fs, LocalFileSystem) and isinstance(self.fs, LocalFileSystem):
+                # Beside the target, then renamed: whole or not at all, without holding it in memory.
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                temporary = f"{os.path.dirname(target)}/{TMP_PREFIX}{os.path.basename(target)}"
+                shutil.copyfile(path, temporary)
+                os.replace(temporary, target)
+            elif type(src_fs) is type(self.fs):
+                self._retrying("copy", target, lambda p=path, t=target: self.fs.copy(p, t))
+            else:
+                self.write(target, src_fs.cat_file(path))
+            names.append(rel)
+        return names
 
     def check_writable(self, prefix: str) -> None:
         """Raise a StorageError unless files can be created under `prefix`."""

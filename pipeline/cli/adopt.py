@@ -1,0 +1,56 @@
+"""`drydock adopt FILE|MANIFEST STEP FROM [options]`: commit an existing directory as STEP's output.
+
+STEP is a step name or label of the experiment; FROM a directory (a path or URL) holding what
+the step would have written. See `pipeline.run.adopt`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import difflib
+from collections.abc import Sequence
+
+from pipeline.cli.common import guarded, needs_target
+from pipeline.cli.loading import Loaded, load
+from pipeline.core.dag import build_dag
+from pipeline.core.lease import Owner
+from pipeline.errors import StepDeclarationError
+from pipeline.run.adopt import adopt
+from pipeline.run.options import resolve_prefix
+from pipeline.storage.files import open_storage
+from pipeline.storage.step_store import StepStore
+
+__all__ = ["adopt_command"]
+
+
+def adopt_command(args: Sequence[str]) -> int:
+    """`drydock adopt FILE|MANIFEST STEP FROM [options]`."""
+    return needs_target("adopt", args) or guarded(_adopt, args[0], args[1:])
+
+
+def _adopt(target: str, argv: Sequence[str]) -> int:
+    if len(argv) < 2 or argv[0].startswith("-") or argv[1].startswith("-"):
+        raise StepDeclarationError(
+            None, "name the step and the directory: drydock adopt FILE STEP FROM", field="STEP"
+        )
+    wanted, source, options = argv[0], argv[1], list(argv[2:])
+
+    def body(loaded: Loaded) -> int:
+        dag = build_dag(loaded.steps, resolve_prefix(loaded.config.prefix))
+        matches = [label for label, node in dag.nodes.items() if wanted in (label, node.name)]
+        if not matches:
+            names = sorted({node.name for node in dag.nodes.values()})
+            close = difflib.get_close_matches(wanted, names, n=3, cutoff=0.6)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise StepDeclarationError(None, f"no step named {wanted!r} in {target}{hint}", field="STEP")
+        label = matches[0]
+        store = StepStore(open_storage(dag.prefix))
+        adopted = adopt(dag, store, label, source, Owner.current())
+        when = datetime.datetime.fromtimestamp(adopted["at"]).isoformat(timespec="seconds")
+        print(
+            f"adopted {source} ({adopted['files']} files) as {label} at {dag.nodes[label].output_path}\n"
+            f"  by {adopted['by']} at {when}; pinned, so drydock gc keeps it"
+        )
+        return 0
+
+    return load(target, options, body)

@@ -1,0 +1,100 @@
+"""`drydock adopt`: an existing directory becomes a step's committed output, downstream builds on it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pipeline.core.lease import Owner
+from pipeline.observe.prune import plan_gc
+from pipeline.storage.files import open_storage
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def drydock(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_an_adopted_directory_is_cached_used_downstream_explained_and_kept(tmp_path):
+    prefix = str(tmp_path / "prefix")
+    made_by_hand = tmp_path / "old-rows"
+    made_by_hand.mkdir()
+    # Rows made before Drydock, all with value 9 (write_rows would give i * 7 % 10).
+    (made_by_hand / "rows.jsonl").write_text(
+        "".join(json.dumps({"id": i, "value": 9}) + "\n" for i in range(10))
+    )
+    (made_by_hand / ".status").write_text("not Drydock's: left behind\n")
+
+    adopted = drydock("adopt", "experiments/hello.py", "raw/hello", str(made_by_hand), "--prefix", prefix)
+    assert adopted.returncode == 0, adopted.stderr
+    assert f"adopted {made_by_hand} (1 files) as raw/hello-" in adopted.stdout
+    (step_dir,) = Path(prefix, "raw").glob("hello-*")
+    step_json = json.loads((step_dir / ".step.json").read_text())
+    assert step_json["adopted"]["from"] == str(made_by_hand) and "@" in step_json["adopted"]["by"]
+    last = json.loads((step_dir / ".status").read_text().splitlines()[-1])
+    assert last["event"] == "SUCCESS" and last["data"]["adopted"]["from"] == str(made_by_hand)
+
+    # The run builds on it: raw/hello cached with no drift note, counts/hello reads the adopted rows.
+    run = drydock("run", "experiments/hello.py", "--prefix", prefix, "--backend", "local", "--json")
+    assert run.returncode == 0, run.stderr
+    states = {s["name"]: (s["state"], s["reason"]) for s in json.loads(run.stdout)["steps"]}
+    assert states["raw/hello"] == ("CACHED", "cached")
+    (counts_dir,) = Path(prefix, "counts").glob("hello-*")
+    assert json.loads((counts_dir / "counts.json").read_text()) == {"rows": 10, "above": 10}
+
+    explained = drydock("explain", "experiments/hello.py", "raw/hello", "--prefix", prefix)
+    assert explained.returncode == 0, explained.stderr
+    assert f"adopted:  not made by a run: {made_by_hand} adopted by " in explained.stdout
+
+    # gc keeps it even when no manifest lists it: it may exist nowhere else.
+    shutil.rmtree(Path(prefix, "experiments"))
+    plan = plan_gc(
+        open_storage(prefix),
+        prefix,
+        keep=None,
+        older_than=None,
+        now=time.time(),
+        local_host=Owner.current().host,
+    )
+    reasons = {d.label: d.keep_reason for d in plan.keep}
+    assert reasons[step_dir.relative_to(prefix).as_posix()] == "pinned"
+    assert any(d.label.startswith("counts/hello-") for d in plan.delete)
+
+    again = drydock("adopt", "experiments/hello.py", "raw/hello", str(made_by_hand), "--prefix", prefix)
+    assert again.returncode == 2
+    assert again.stderr.startswith("error: step 'raw/hello', field `STEP`: raw/hello-")
+    assert "is already committed" in again.stderr
+
+
+def test_bad_input_is_one_clear_error_and_writes_nothing(tmp_path):
+    prefix = tmp_path / "prefix"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    a_file = tmp_path / "rows.jsonl"
+    a_file.write_text("{}\n")
+    cases = [
+        (str(tmp_path / "missing"), f"step 'raw/hello', field `from`: {tmp_path / 'missing'} does not exist"),
+        (str(empty), f"step 'raw/hello', field `from`: {empty} is empty: there is nothing to adopt"),
+        (str(a_file), f"step 'raw/hello', field `from`: {a_file} is a file, not a directory"),
+    ]
+    for source, message in cases:
+        result = drydock("adopt", "experiments/hello.py", "raw/hello", source, "--prefix", str(prefix))
+        assert result.returncode == 2 and result.stderr.strip() == f"error: {message}", result.stderr
+    result = drydock("adopt", "experiments/hello.py", "raw/helo", str(empty), "--prefix", str(prefix))
+    assert result.returncode == 2 and "no step named 'raw/helo'" in result.stderr
+    assert "did you mean raw/hello?" in result.stderr
+    assert not list(prefix.glob("raw/hello-*/.status"))  # nothing committed, nothing started
