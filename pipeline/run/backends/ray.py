@@ -103,11 +103,26 @@ def _call_step(
 ) -> None:
     """Runs on a Ray worker: the step function through `pipeline.run.worker`, fenced by its lease,
     its output copied to the step's logs."""
+    _region_from_node()
     try:
         with lease_fence(context, lease_poll, valid_until, label) as fence:
             call_step(fn, config, context, placement=Placement.PROCESS, fence=fence, log_path=log_path)
     except LeaseExpired as e:
         raise FencedWrite(str(e)) from None
+
+
+REGION_LABEL = "region"
+"""The Ray node label naming the node's region (`ray start --labels '{"region": "us-central1"}'`):
+steps on it read the mirror of a raw dataset in that region (`steps.sources`)."""
+
+
+def _region_from_node() -> None:
+    """`DRYDOCK_REGION` from the node's `region` label, unless the node's environment sets it."""
+    if os.environ.get("DRYDOCK_REGION"):
+        return
+    region = ray.get_runtime_context().get_node_labels().get(REGION_LABEL)
+    if region:
+        os.environ["DRYDOCK_REGION"] = region  # the worker stays on this node: this stays true
 
 
 class RayBackend(Backend):

@@ -29,6 +29,7 @@ def local_ray():
         address="local",
         num_cpus=2,
         resources={"special": 1},
+        labels={"region": "europe-west4"},
         include_dashboard=False,
         _node_ip_address="127.0.0.2",
     )  # loopback: Ray rewrites 127.0.0.1 to the machine address
@@ -74,6 +75,8 @@ def test_resources_env_and_logs_reach_the_task(tmp_path):
     assert info["resources"]["special"] == 1
     assert info["resources"]["CPU"] == 1
     assert info["env"]["PROBE_COLOR"] == "teal"
+    # The node's region label is the step's region (which mirror of a raw dataset it reads).
+    assert info["env"]["DRYDOCK_REGION"] == "europe-west4"
     assert info["pid"] != os.getpid()  # ran in a Ray worker, not in the driver
     log = (step_dir / ".logs" / "attempt-1.log").read_text()
     assert "hello from a ray step" in log
