@@ -51,7 +51,7 @@ from pipeline.run.parallel import parallel_map
 from steps.eval_tasks import EvalTask
 from steps.files import exists, read_json, write_file, write_json
 from steps.shards import ShardError, is_shard, shard_records, shard_texts, write_kept
-from steps.sources import InputError, RawDataset, expand_input, input_identity, list_inputs
+from steps.sources import InputError, RawDataset, input_identity, raw_listing, read_files
 
 __all__ = ["DecontaminateConfig", "DecontaminateError", "decontaminate", "decontaminate_step", "ngram_hashes"]
 
@@ -157,12 +157,12 @@ def ngram_hashes(tokens: list[str], n: int) -> Iterator[tuple[int, int]]:
 
 def decontaminate_inputs(config: DecontaminateConfig) -> dict[str, dict[str, Any]]:
     """The raw files the step reads (training shards and evaluation files), with fingerprints."""
-    groups = {}
-    for group, specs in (("inputs", config.inputs), ("evaluation", config.evaluation)):
-        identities = config.input_identity.get(group) or [""] * len(specs)
-        groups[group] = [s for s, ident in zip(specs, identities, strict=True) if ident is not None]
+    groups = {
+        "inputs": (config.inputs, config.input_identity.get("inputs")),
+        "evaluation": (config.evaluation, config.input_identity.get("evaluation")),
+    }
     try:
-        return list_inputs(groups, config.input_root, accept=is_shard)
+        return raw_listing(groups, config.input_root, is_shard)
     except InputError as e:
         raise DecontaminateError(str(e)) from e
 
@@ -210,23 +210,10 @@ def decontaminate(config: DecontaminateConfig) -> None:
 
 
 def _files(config: DecontaminateConfig, specs: Sequence[Any], what: str) -> list[tuple[str, str, str]]:
-    out = []
-    identities = config.input_identity.get(what) or [""] * len(specs)
-    for spec, identity in zip(specs, identities, strict=True):
-        source = spec.name if isinstance(spec, RawDataset) else str(spec if identity is None else identity)
-        try:
-            found = expand_input(
-                spec, config.input_root, accept=is_shard, named=identity is not None, reading=True
-            )
-        except InputError as e:
-            raise DecontaminateError(f"{what}: {e}") from e
-        for path, key, _info in found:
-            if not is_shard(path):
-                raise DecontaminateError(
-                    f"{what} file {path!r}: not a jsonl or parquet file (optionally .gz or .zst)"
-                )
-            out.append((path, key, source))
-    return out
+    try:
+        return read_files(specs, config.input_identity.get(what), config.input_root, is_shard, what)
+    except InputError as e:
+        raise DecontaminateError(str(e)) from e
 
 
 def _evaluation_index(config: DecontaminateConfig) -> tuple[dict[int, tuple[int, int]], list[str], int]:

@@ -59,7 +59,7 @@ from pipeline import (
 from pipeline.run.parallel import parallel_map
 from steps.files import exists, read_bytes, read_json, write_file, write_json
 from steps.shards import ShardError, is_shard, shard_texts, write_kept
-from steps.sources import InputError, RawDataset, expand_input, input_identity, list_inputs
+from steps.sources import InputError, RawDataset, input_identity, raw_listing, read_files
 
 __all__ = ["DedupeConfig", "DedupeError", "dedupe", "dedupe_step", "normalize"]
 
@@ -170,10 +170,10 @@ def normalize(text: str) -> str:
 
 def dedupe_inputs(config: DedupeConfig) -> dict[str, dict[str, Any]]:
     """The raw shards the step reads, with fingerprints (recorded; compared by later plans)."""
-    identities = config.input_identity.get("inputs") or [""] * len(config.inputs)
-    raw = [spec for spec, ident in zip(config.inputs, identities, strict=True) if ident is not None]
     try:
-        return list_inputs({"inputs": raw}, config.input_root, accept=is_shard)
+        return raw_listing(
+            {"inputs": (config.inputs, config.input_identity.get("inputs"))}, config.input_root, is_shard
+        )
     except InputError as e:
         raise DedupeError(str(e)) from e
 
@@ -212,20 +212,12 @@ def dedupe(config: DedupeConfig) -> None:
 
 def _shards(config: DedupeConfig) -> list[tuple[str, str, str]]:
     """(path, key, source) of every input shard; source names the input for the stats."""
-    out: list[tuple[str, str, str]] = []
-    identities = config.input_identity.get("inputs") or [""] * len(config.inputs)
-    for spec, identity in zip(config.inputs, identities, strict=True):
-        source = spec.name if isinstance(spec, RawDataset) else str(spec if identity is None else identity)
-        try:
-            found = expand_input(
-                spec, config.input_root, accept=is_shard, named=identity is not None, reading=True
-            )
-        except InputError as e:
-            raise DedupeError(f"inputs: {e}") from e
-        for path, key, _info in found:
-            if not is_shard(path):
-                raise DedupeError(f"input {path!r}: not a jsonl or parquet shard (optionally .gz or .zst)")
-            out.append((path, key, source))
+    try:
+        out = read_files(
+            config.inputs, config.input_identity.get("inputs"), config.input_root, is_shard, "inputs"
+        )
+    except InputError as e:
+        raise DedupeError(str(e)) from e
     keys = [key for _p, key, _s in out]
     if len(set(keys)) != len(keys):
         raise DedupeError("two inputs have files of the same name; give each input its own directory")

@@ -44,48 +44,43 @@ def is_shard(path: str) -> bool:
 
 def shard_texts(path: str, text_field: str) -> Iterator[str]:
     """The text of every record of a shard, in order."""
-    base, compression = _split(path)
+    base, _ = _split(path)
     if base.endswith(".parquet"):
         yield from _parquet_texts(path, text_field)
         return
-    if not base.endswith(_JSON):
-        raise ShardError(f"{path}: unknown format; use .jsonl or .parquet (optionally .gz or .zst)")
-    with fsspec.open(path, "rb", compression=compression) as raw:
-        for number, line in enumerate(io.TextIOWrapper(raw, encoding="utf-8"), 1):
-            if line.strip():
-                yield _text_of(line, path, number, text_field)
+    for number, record in _json_lines(path):
+        text = record.get(text_field) if isinstance(record, dict) else None
+        if not isinstance(text, str):
+            found = sorted(record) if isinstance(record, dict) else type(record).__name__
+            raise ShardError(f"{path} line {number}: no text field {text_field!r} (found: {found})")
+        yield text
 
 
 def shard_records(path: str) -> Iterator[Any]:
     """Every record of a shard as a value: a JSON record per line, or a parquet row as a dict."""
-    base, compression = _split(path)
+    base, _ = _split(path)
     if base.endswith(".parquet"):
         import pyarrow.parquet as pq
 
         with fsspec.open(path, "rb") as f:
             yield from pq.read_table(f).to_pylist()
         return
+    for _number, record in _json_lines(path):
+        yield record
+
+
+def _json_lines(path: str) -> Iterator[tuple[int, Any]]:
+    """(line number, record) of every non-empty line of a jsonl shard."""
+    base, compression = _split(path)
     if not base.endswith(_JSON):
         raise ShardError(f"{path}: unknown format; use .jsonl or .parquet (optionally .gz or .zst)")
     with fsspec.open(path, "rb", compression=compression) as raw:
         for number, line in enumerate(io.TextIOWrapper(raw, encoding="utf-8"), 1):
             if line.strip():
                 try:
-                    yield json.loads(line)
+                    yield number, json.loads(line)
                 except ValueError as e:
                     raise ShardError(f"{path} line {number}: malformed JSON ({e})") from e
-
-
-def _text_of(line: str, path: str, number: int, text_field: str) -> str:
-    try:
-        record = json.loads(line)
-    except ValueError as e:
-        raise ShardError(f"{path} line {number}: malformed JSON ({e})") from e
-    text = record.get(text_field) if isinstance(record, dict) else None
-    if not isinstance(text, str):
-        found = sorted(record) if isinstance(record, dict) else type(record).__name__
-        raise ShardError(f"{path} line {number}: no text field {text_field!r} (found: {found})")
-    return text
 
 
 def _parquet_texts(path: str, text_field: str) -> Iterator[str]:

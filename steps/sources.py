@@ -47,6 +47,8 @@ __all__ = [
     "input_identity",
     "list_inputs",
     "raw_dataset",
+    "raw_listing",
+    "read_files",
     "tokenizer_identity",
 ]
 
@@ -321,3 +323,56 @@ def _sha256_file(path: str) -> str:
         while chunk := f.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+# -- for steps that read raw inputs ---------------------------------------------------------------
+# Their configs hold the inputs as given (`specs`: locations, not versioned) and, per group of
+# inputs, what identity took from each (`input_identity[group]`, None for an upstream output).
+
+
+def _identities(specs: Sequence[Any], identities: Sequence[Any] | None) -> Sequence[Any]:
+    # A config built by hand, without identities: every input is raw.
+    return identities if identities else [""] * len(specs)
+
+
+def raw_listing(
+    groups: Mapping[str, tuple[Sequence[Any], Sequence[Any] | None]],
+    root: str | None,
+    accept: Callable[[str], bool] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """The listing of a step's raw inputs (group -> (specs, identities)) for `step_function(inputs=
+    ...)`: upstream steps' outputs are left out, their identities say what they hold."""
+    raw = {
+        group: [
+            s for s, ident in zip(specs, _identities(specs, identities), strict=True) if ident is not None
+        ]
+        for group, (specs, identities) in groups.items()
+    }
+    return list_inputs(raw, root, accept)
+
+
+def read_files(
+    specs: Sequence[Any],
+    identities: Sequence[Any] | None,
+    root: str | None,
+    accept: Callable[[str], bool],
+    what: str,
+) -> list[tuple[str, str, str]]:
+    """(path, key, source) of every file a step reads from `specs`, in order, within the datasets'
+    cross-region budgets. `source` names the input (a dataset's name, a path as declared) for
+    per-source stats; `key` is the file's location-independent name (relative to an upstream
+    output). A file `accept` refuses (matched by a glob or named directly) is an `InputError`."""
+    out = []
+    for spec, identity in zip(specs, _identities(specs, identities), strict=True):
+        source = spec.name if isinstance(spec, RawDataset) else str(spec if identity is None else identity)
+        try:
+            found = expand_input(spec, root, accept=accept, named=identity is not None, reading=True)
+        except InputError as e:
+            raise InputError(f"{what}: {e}") from e
+        for path, key, _info in found:
+            if not accept(path):
+                raise InputError(
+                    f"{what} file {path!r}: not a jsonl or parquet file (optionally .gz or .zst)"
+                )
+            out.append((path, key, source))
+    return out

@@ -45,7 +45,7 @@ from pipeline import (
 from pipeline.run.parallel import parallel_map
 from steps.files import write_json
 from steps.imports import LEVANTER, import_ml
-from steps.sources import InputError, RawDataset, input_identity, list_inputs, tokenizer_identity
+from steps.sources import InputError, RawDataset, input_identity, raw_listing, tokenizer_identity
 from steps.tokenize.cache import read_marker, tokenize_shard, write_ledger
 from steps.tokenize.common import ShardStats, TokenizeError
 from steps.tokenize.readers import expand_inputs, is_data_file
@@ -169,12 +169,12 @@ def tokenize_inputs(config: TokenizeConfig) -> dict[str, dict[str, Any]]:
     """The raw files the step reads, with their fingerprints (`steps.sources.list_inputs`):
     recorded when it runs, listed again by each plan to note what changed since. Upstream steps'
     outputs are left out: their identities already say what they hold."""
-    raw = {}
-    for split, specs in (("train", config.train), ("validation", config.validation)):
-        identities = config.input_identity.get(split) or [""] * len(specs)
-        raw[split] = [spec for spec, ident in zip(specs, identities, strict=True) if ident is not None]
+    groups = {
+        split: (specs, config.input_identity.get(split))
+        for split, specs in (("train", config.train), ("validation", config.validation))
+    }
     try:
-        return list_inputs(raw, config.input_root, accept=is_data_file)
+        return raw_listing(groups, config.input_root, accept=is_data_file)
     except InputError as e:
         raise TokenizeError(str(e)) from e
 
