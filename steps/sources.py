@@ -17,7 +17,8 @@ move to cheaper storage) does not fork every step downstream:
 **Listing** (`list_inputs`): every file of the inputs with a fingerprint, keyed by a name that does
 not depend on the location either. The fingerprint is the size plus a checksum the object store
 keeps (GCS `md5Hash`/`crc32c`, S3 `ETag`), or for a local file the sha256 of its content (size and
-modification time above `HASH_LIMIT`). Steps that read raw inputs record their listing when they
+modification time above `HASH_LIMIT`; hashes are cached per machine by size and modification time,
+see `_HashCache`). Steps that read raw inputs record their listing when they
 run (`step_function(inputs=...)`); each later plan lists again and notes what changed
 ("input listing changed: 1 file modified"), so a cached step never goes stale silently.
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import posixpath
 import stat
@@ -289,6 +291,7 @@ def list_inputs(
                 raise InputError(f"{group} {e}") from e
             for path, key, info in found:
                 out[f"{group}:{key}"] = _fingerprint(path, info)
+    _HASHES.save()
     return out
 
 
@@ -311,7 +314,7 @@ def _fingerprint(path: str, info: Mapping[str, Any]) -> dict[str, Any]:
         st = os.stat(local)
         # A pipe or device has no content to hash without consuming it: its mtime stands in.
         if stat.S_ISREG(st.st_mode) and st.st_size <= HASH_LIMIT:
-            out["sha256"] = _sha256_file(local)
+            out["sha256"] = _HASHES.sha256(local, st)
         else:
             out["mtime"] = int(st.st_mtime)
     return out
@@ -323,6 +326,65 @@ def _sha256_file(path: str) -> str:
         while chunk := f.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+class _HashCache:
+    """The sha256 of local files, remembered by (device, inode, size, modification time in ns) in
+    `<cache dir>/file-hashes.json`, so that a plan hashes only the local inputs that changed since
+    the last plan on this machine. As with git's index, a file rewritten with the same size and
+    modification time is taken to be unchanged. The cache dir is `DRYDOCK_CACHE_DIR`, else
+    `$XDG_CACHE_HOME/drydock` (`~/.cache/drydock`); a cache that cannot be read or written is
+    simply not used."""
+
+    LIMIT = 50_000  # entries kept; past it the cache starts again (a rehash costs time, not results)
+
+    def __init__(self) -> None:
+        self._entries: dict[str, list[Any]] | None = None
+        self._dirty = False
+
+    @staticmethod
+    def location() -> str:
+        base = os.environ.get("DRYDOCK_CACHE_DIR") or os.path.join(
+            os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "drydock"
+        )
+        return os.path.join(base, "file-hashes.json")
+
+    def sha256(self, path: str, st: os.stat_result) -> str:
+        if self._entries is None:
+            try:
+                with open(self.location()) as f:
+                    loaded = json.load(f)
+                self._entries = loaded if isinstance(loaded, dict) else {}
+            except (OSError, ValueError):
+                self._entries = {}
+        key = os.path.abspath(path)
+        stamp = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+        entry = self._entries.get(key)
+        if isinstance(entry, list) and len(entry) == 2 and entry[0] == stamp:
+            return str(entry[1])
+        digest = _sha256_file(path)
+        if len(self._entries) >= self.LIMIT:
+            self._entries = {}
+        self._entries[key] = [stamp, digest]
+        self._dirty = True
+        return digest
+
+    def save(self) -> None:
+        if not self._dirty or self._entries is None:
+            return
+        target = self.location()
+        try:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            temporary = f"{target}.{os.getpid()}.tmp"
+            with open(temporary, "w") as f:
+                json.dump(self._entries, f)
+            os.replace(temporary, target)  # concurrent plans: the last one's cache wins
+            self._dirty = False
+        except OSError:
+            pass
+
+
+_HASHES = _HashCache()
 
 
 # -- for steps that read raw inputs ---------------------------------------------------------------

@@ -230,3 +230,25 @@ def test_a_bad_dataset_declaration_is_one_clear_error(kwargs, field, message):
         raw_dataset("web", **{"version": "1", **kwargs})
     assert info.value.field == field
     assert "raw dataset 'web'" in str(info.value)
+
+
+def test_local_hashes_are_cached_by_size_and_modification_time(tmp_path, monkeypatch):
+    import steps.sources as sources
+
+    monkeypatch.setenv("DRYDOCK_CACHE_DIR", str(tmp_path / "cache"))
+    data = write_jsonl(tmp_path / "raw" / "part-0.jsonl", make_docs(20))
+    hashed: list[str] = []
+    real = sources._sha256_file
+    monkeypatch.setattr(sources, "_sha256_file", lambda p: hashed.append(p) or real(p))
+
+    def listing() -> dict:
+        monkeypatch.setattr(sources, "_HASHES", sources._HashCache())  # as a new process would
+        return list_inputs({"train": [str(data)]}, None)
+
+    first = listing()
+    assert hashed == [str(data)] and (tmp_path / "cache" / "file-hashes.json").exists()
+    assert listing() == first and hashed == [str(data)]  # the second plan reads no content
+    with open(data, "a") as f:
+        f.write('{"text": "one more"}\n')
+    changed = listing()
+    assert len(hashed) == 2 and changed != first
