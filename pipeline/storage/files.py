@@ -195,6 +195,8 @@ class Storage:
                 os.replace(temporary, target)
             elif type(src_fs) is type(self.fs):
                 self._retrying("copy", target, lambda p=path, t=target: self.fs.copy(p, t))
+            elif isinstance(src_fs, LocalFileSystem):  # uploaded in parts, committed whole
+                self._retrying("upload", target, lambda p=path, t=target: self.fs.put_file(p, t))
             else:
                 self.write(target, src_fs.cat_file(path))
             names.append(rel)

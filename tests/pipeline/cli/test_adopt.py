@@ -98,3 +98,31 @@ def test_bad_input_is_one_clear_error_and_writes_nothing(tmp_path):
     assert result.returncode == 2 and "no step named 'raw/helo'" in result.stderr
     assert "did you mean raw/hello?" in result.stderr
     assert not list(prefix.glob("raw/hello-*/.status"))  # nothing committed, nothing started
+
+
+def test_adopting_into_an_object_store_prefix_from_local_disk_and_from_the_store(tmp_path):
+    # (hello's step functions read local files only: the plan shows the adopted step committed)
+    import fsspec
+
+    import experiments.hello as hello
+    from pipeline import ExecutorMainConfig, run_experiment
+    from pipeline.core.dag import build_dag
+    from pipeline.run.adopt import adopt
+    from pipeline.storage.step_store import StepStore
+    from tests.s3server import s3_bucket_environment
+
+    with s3_bucket_environment("drydock-adopt"):
+        fs = fsspec.filesystem("s3")
+        rows = "".join(json.dumps({"id": i, "value": 5}) + "\n" for i in range(4)).encode()
+        local = tmp_path / "rows"
+        local.mkdir()
+        (local / "rows.jsonl").write_bytes(rows)
+        fs.pipe_file("drydock-adopt/old/rows/rows.jsonl", rows)
+        for n, source in enumerate([str(local), "s3://drydock-adopt/old/rows"]):
+            prefix = f"s3://drydock-adopt/runs-{n}"
+            dag = build_dag([hello.counts], prefix)
+            (label,) = [label for label in dag.nodes if label.startswith("raw/hello-")]
+            adopt(dag, StepStore(open_storage(prefix)), label, source, Owner.current())
+            assert fs.cat_file(f"drydock-adopt/runs-{n}/{label}/rows.jsonl") == rows
+            plan = run_experiment([hello.counts], ExecutorMainConfig(prefix=prefix, dry_run=True))
+            assert plan.steps[label].state.value == "CACHED" and plan.steps[label].reason == "cached"
