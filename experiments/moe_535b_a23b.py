@@ -9,34 +9,58 @@ OpenBookQA, CommonsenseQA, MMLU) as lm-eval registry names with their customary 
 run on the final checkpoint. Their rows are read offline from DRYDOCK_535B_TASK_DATA
 (`<task>/<split>.jsonl`, e.g. exported once from the Hub on a machine that can reach it).
 
-The model, in Levanter's Qwen3-MoE: hidden 6144, 48 layers, 48 query heads of 128 and 8 KV heads
-(grouped-query attention), QK norm, 248 fine-grained experts of width 2432 with top-8 routing,
-vocabulary 128,256 (the Llama 3 tokenizer). `parameter_counts` gives 539.5B total (+0.8%) and
-23.09B active (+0.4%).
+The published run (535.3B total / 22.76B active): hidden 6144, 48 layers, 48 heads of 128 with 12
+KV heads on local layers and 6 on global ones (every 4th), sliding window 2048 on local layers;
+384 routed experts of width 3072, top-8, plus 2 shared experts of width 3072; no auxiliary loss;
+z-loss 1e-4; vocabulary 128,256; sequence 4,096; batch 11,264; 390,251 steps (18.0T tokens);
+data switching at step 108,000 and cooldown weights from step 312,192; linear decay to 0.05 of
+the peak after about 1% warm-up; GB200 GPU racks.
 
-Differences from the original run, which this declaration cannot reproduce exactly:
-  * no shared expert: Levanter's Qwen3-MoE has none (its Mixtral allows one, but no QK norm, and
-    QK norm is what kept the 32B run free of loss spikes); the active budget goes to top-8 routing;
-  * the expert count (248) and width (2432) are chosen to hit the published totals under that
-    constraint, not copied from the original;
-  * no auxiliary load-balancing loss (Levanter's Qwen3-MoE applies none); router balance is
-    watched through the train step's router statistics instead;
-  * the data components and their weights are placeholders with the original's structure
-    (three phases: initial, main from 28%, cooldown from 80%). Each is a raw dataset declared by
-    name and version (`steps.sources.raw_dataset`) at two mirror locations, DRYDOCK_535B_DATA and
-    DRYDOCK_535B_DATA_MIRROR: moving the data between them keeps every identity;
+This declaration, in Levanter's Qwen3-MoE (chosen over its Mixtral: QK norm, and Mixtral's
+training crashes on its first step in this Levanter, "IO callbacks do not support JVP"): hidden
+6144, 48 layers, 48 query heads of 128 with 12 KV heads, QK norm, 384 experts of width 1552 with
+top-12 routing, vocabulary 128,256, z-loss 1e-4, 390,251 steps of 11,264 x 4,096 tokens
+(18,005,144,633,344 tokens), phases from steps 0, 108,000 and 312,192, AdamW with linear decay to
+0.05 of the peak after 1% warm-up (about 3,900 steps). `parameter_counts` gives 533.49B total (-0.34%)
+and 22.70B active (-0.28%).
+
+Where the published width "3072" comes from: with SwiGLU's three matrices, 384 experts of width
+3072 in 48 layers would hold 1,043B parameters, twice the published total. The published totals
+fit 3072 as the fused gate-and-up width, 1536 per matrix. The declaration follows that reading.
+
+Every remaining difference from the published run:
+  * no shared experts: Levanter's Qwen3-MoE has none. The two always-on shared experts of width
+    3072 (in parameters, four experts of width 1536) become four more routed slots: top-12 of 384
+    instead of top-8 plus 2 shared. Active expert parameters are the same; which experts a token
+    uses is routed, not fixed;
+  * expert width 1552, not 1536: the 16 extra columns per matrix make up for the parameters the
+    other differences remove, keeping both totals within 0.4%;
+  * 12 KV heads on every layer: Levanter's Qwen3-MoE has one KV-head count for all layers, so
+    the global layers do not drop to 6;
+  * no sliding window: Levanter's Qwen3-MoE carries `sliding_window` only for checkpoint
+    conversion, and its attention does not apply it. Every layer attends to the full 4,096
+    tokens;
+  * no auxiliary load-balancing loss, as published; but also no balancing bias, which Levanter
+    does not implement. Router balance is watched through the train step's router statistics;
+  * hardware: two v5p-2048 TPU slices, not GB200 racks. Drydock's Ray backend gang-schedules TPU
+    pod slices host by host, but not multi-host GPU jobs yet. A GPU declaration
+    (`Resources(gpus=...)`) would ask for a single host;
+  * the data components and their weights are placeholders with the original's structure: three
+    phases, switching at the published steps. Each is a raw dataset declared by name and version
+    (`steps.sources.raw_dataset`) at two mirror locations, DRYDOCK_535B_DATA and
+    DRYDOCK_535B_DATA_MIRROR; moving the data between them keeps every identity;
   * each component's training files are deduplicated and decontaminated before tokenizing, as
     steps of their own. The dedupe step's global pass holds every document's MinHash signature in
-    one process (512 bytes per document): at this scale (billions of documents per component) it
-    needs the LSH bands sharded across hosts, which the step does not do yet.
+    one process (512 bytes per document). At this scale (billions of documents per component) it
+    needs the LSH bands sharded across hosts, which the step does not do yet;
+  * the peak learning rate (2e-4) and weight decay (0.1) are not published; they are this
+    recipe's choice.
 
-The run: 18T tokens at a global batch of 11,264 x 4,096 tokens = 390,140 steps, on two v5p-2048
-slices; tokenization on CPU hosts.
+Tokenization runs on CPU hosts.
 """
 
 from __future__ import annotations
 
-import math
 import os
 
 from pipeline import Resources, Step, executor_main
@@ -46,6 +70,7 @@ from steps.evaluate import evaluate_step
 from steps.mixture import mixture_step
 from steps.moe import MoeModelConfig
 from steps.sources import RawDataset, raw_dataset
+from steps.spikes import Stability
 from steps.task_eval import task_eval_step
 from steps.tokenize import tokenize_step
 from steps.train_moe import OptimizerSpec, train_moe_step
@@ -57,12 +82,12 @@ DATA_VERSION = "2026-11"  # the raw data's release: bump it when the files are r
 TOKENIZER = os.environ.get("DRYDOCK_535B_TOKENIZER", "meta-llama/Meta-Llama-3.1-8B")
 TASK_DATA = os.environ.get("DRYDOCK_535B_TASK_DATA", "gs://your-bucket/eval-tasks")
 VOCAB_SIZE = 128_256
-TRAIN_TOKENS = 18 * 10**12
 BATCH_SIZE = 11_264
 SEQ_LEN = 4_096
-NUM_STEPS = math.ceil(TRAIN_TOKENS / (BATCH_SIZE * SEQ_LEN))  # 390,140
-MAIN_FROM = round(0.28 * NUM_STEPS)
-COOLDOWN_FROM = round(0.80 * NUM_STEPS)
+NUM_STEPS = 390_251  # as published: 18.0T tokens
+TRAIN_TOKENS = NUM_STEPS * BATCH_SIZE * SEQ_LEN  # 18,005,144,633,344
+MAIN_FROM = 108_000  # the published data switch
+COOLDOWN_FROM = 312_192  # the published start of the cooldown mixture
 
 CPU_HOST = Resources(cpus=32, memory="128GiB")
 
@@ -137,13 +162,13 @@ mixture = mixture_step(
 model = MoeModelConfig(
     family="qwen3_moe",
     hidden_dim=6144,
-    expert_intermediate_dim=2432,
+    expert_intermediate_dim=1552,  # the published 3072 is the fused gate+up width; see above
     num_layers=48,
     num_heads=48,
-    num_kv_heads=8,
+    num_kv_heads=12,
     head_dim=128,
-    num_experts=248,
-    num_experts_per_token=8,
+    num_experts=384,
+    num_experts_per_token=12,  # 8 routed + 2 shared experts of double width, all routed here
     qk_norm=True,
     rope_theta=500_000.0,
 )
@@ -153,8 +178,14 @@ train = train_moe_step(
     data=mixture,
     model=model,
     optimizer=OptimizerSpec(
-        name="adamw", learning_rate=2e-4, weight_decay=0.1, warmup=2000, min_lr_ratio=0.1
+        name="adamw",
+        learning_rate=2e-4,
+        weight_decay=0.1,
+        warmup=0.01,
+        min_lr_ratio=0.05,
+        lr_schedule="linear",
     ),
+    stability=Stability(z_loss=1e-4),
     batch_size=BATCH_SIZE,
     seq_len=SEQ_LEN,
     num_steps=NUM_STEPS,
