@@ -31,6 +31,11 @@ class StorageError(DrydockError):
     """The prefix cannot be read or written, or its metadata is corrupt."""
 
 
+class StorageAccessDenied(StorageError):
+    """The store refused to let us read or write a path (permission denied): the metadata there
+    may be fine, so it is never shown as CORRUPT, and retrying does not help."""
+
+
 class StepCancelled(BaseException):
     """Raised inside a running step function to stop it (lease lost or the run interrupted).
 

@@ -29,7 +29,7 @@ from typing import TypeVar
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from pipeline.errors import StorageError
+from pipeline.errors import StorageAccessDenied, StorageError
 from pipeline.storage.layout import TMP_PREFIX
 from pipeline.storage.object_stores import (
     CONDITIONAL_PROTOCOLS,
@@ -325,6 +325,8 @@ class LocalStorage(Storage):
             fd = os.open(self._local(path), os.O_RDONLY)
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except PermissionError as e:
+            raise StorageAccessDenied(f"cannot read {path}: permission denied ({e.strerror})") from e
         try:
             if shared_lock:
                 fcntl.flock(fd, fcntl.LOCK_SH)

@@ -29,7 +29,7 @@ from urllib.parse import quote
 
 import fsspec
 
-from pipeline.errors import StorageError
+from pipeline.errors import StorageAccessDenied, StorageError
 
 __all__ = [
     "CONDITIONAL_PROTOCOLS",
@@ -174,6 +174,18 @@ def error_code(error: BaseException) -> str:
     return ""
 
 
+_DENIED_CODES = frozenset({"AccessDenied", "Forbidden", "403", "AllAccessDisabled"})
+
+
+def is_access_denied(error: BaseException) -> bool:
+    """Whether the store refused access: a local permission error, or a 403 from a server."""
+    for link in _chain(error):
+        code, status = _response(link)
+        if isinstance(link, PermissionError) or code in _DENIED_CODES or status == 403:
+            return True
+    return False
+
+
 def is_transient(error: BaseException) -> bool:
     """Whether another try may succeed: timeouts, lost connections, 5xx, 408, 429, throttling."""
     for link in _chain(error):
@@ -230,6 +242,10 @@ def retrying(
         except StorageError:
             raise
         except Exception as e:
+            if is_access_denied(e):
+                raise StorageAccessDenied(
+                    f"cannot {what} {path}: permission denied ({describe_error(e)})"
+                ) from e
             if not is_transient(e):
                 raise StorageError(f"cannot {what} {path}: {describe_error(e)}") from e
             if attempt == policy.tries:

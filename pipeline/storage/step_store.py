@@ -39,7 +39,7 @@ from pipeline.core.records import (
     last_state,
     parse_status,
 )
-from pipeline.errors import StorageError
+from pipeline.errors import StorageAccessDenied, StorageError
 from pipeline.storage.files import Storage, map_reads
 from pipeline.storage.layout import CORRUPT_PREFIX, LEASE, PROGRESS, STATUS, STEP_JSON, is_payload
 
@@ -89,6 +89,8 @@ class StepStore:
         """
         try:
             events = self.events(step_dir)
+        except StorageAccessDenied:
+            raise  # not corrupt: the file may be fine, we may not read it
         except StorageError as e:
             return StepRecord(lease=self.lease(step_dir), corrupt=str(e))
         step_json = None

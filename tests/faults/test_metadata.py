@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.faults.trials import ROOT, Experiment, verify
 
 
@@ -198,3 +200,33 @@ def test_metadata_of_the_wrong_type_is_corrupt_everywhere_and_force_gets_past_it
         forced = cli(exp, "run", "--force", "^mid/m0$")
         assert forced.returncode == 0, (damage, forced.stderr)
         verify(exp)
+
+
+def test_a_status_we_may_not_read_is_a_permission_error_not_corrupt(tmp_path, monkeypatch, capsys):
+    """Tests run as root, where chmod denies nothing: the refusal is the operating system's
+    PermissionError, raised by the one call that opens `.status` files on local disk."""
+    import pipeline.storage.files as files
+    from pipeline import ExecutorMainConfig, run_experiment
+    from pipeline.cli import main
+    from pipeline.errors import StorageAccessDenied
+
+    prefix = str(tmp_path / "prefix")
+    import experiments.hello as hello
+
+    assert run_experiment([hello.summary], ExecutorMainConfig(prefix=prefix, backend="local")).ok
+    (status,) = Path(prefix, "raw").glob("hello-*/.status")
+    real_open = os.open
+
+    def refusing(path, flags, *args):
+        if str(path) == str(status):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(files.os, "open", refusing)
+    with pytest.raises(StorageAccessDenied, match=f"cannot read {status}: permission denied"):
+        run_experiment([hello.summary], ExecutorMainConfig(prefix=prefix, dry_run=True))
+    monkeypatch.chdir(ROOT)
+    for command in ("plan", "status"):
+        assert main([command, "experiments/hello.py", "--prefix", prefix]) == 2
+        err = capsys.readouterr().err
+        assert f"cannot read {status}: permission denied" in err and "CORRUPT" not in err, err

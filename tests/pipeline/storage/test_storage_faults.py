@@ -16,7 +16,7 @@ from s3fs.errors import translate_boto_error
 
 from pipeline.core.lease import Owner
 from pipeline.core.records import Event, parse_status
-from pipeline.errors import StorageError
+from pipeline.errors import StorageAccessDenied, StorageError
 from pipeline.storage.files import Storage
 from pipeline.storage.object_stores import RetryPolicy, backoff_delay, is_transient, retrying
 from pipeline.storage.step_store import Acquired, StepStore
@@ -135,7 +135,10 @@ def test_retrying_stops_at_once_on_a_permanent_error(sleeps):
         calls.append(1)
         raise translate_boto_error(client_error("AccessDenied", 403))
 
-    with pytest.raises(StorageError, match=r"cannot read s3://b/x: PermissionError.*AccessDenied"):
+    # A refusal is named as one, never taken for corrupt metadata (StorageAccessDenied).
+    with pytest.raises(
+        StorageAccessDenied, match=r"cannot read s3://b/x: permission denied \(PermissionError.*AccessDenied"
+    ):
         retrying("read", "s3://b/x", op, RetryPolicy(), sleep=sleeps)
     assert calls == [1] and sleeps.waits == []
 
@@ -158,7 +161,10 @@ def test_every_operation_is_retried_through_transient_errors(op, sleeps):
 def test_a_permanent_error_is_one_storage_error_and_writes_nothing(sleeps):
     denied = Fault("pipe_file", error=lambda: PermissionError(errno.EACCES, "Access Denied"), times=-1)
     storage, _, root = faulty_storage([denied], sleeps)
-    with pytest.raises(StorageError, match=rf"cannot write {root}/a: PermissionError: .*Access Denied"):
+    with pytest.raises(
+        StorageAccessDenied,
+        match=rf"cannot write {root}/a: permission denied \(PermissionError: .*Access Denied",
+    ):
         storage.write(f"{root}/a", b"x")
     assert storage.read(f"{root}/a") is None
     assert sleeps.waits == []
@@ -226,7 +232,9 @@ def test_a_partial_status_write_that_fails_for_good_is_never_a_success(keep, sle
     step_dir = f"{root}/step"
     now = [1000.0]
     store = StepStore(storage, clock=lambda: now[0])
-    with pytest.raises(StorageError, match=r"cannot update .*/\.status: PermissionError: revoked"):
+    with pytest.raises(
+        StorageError, match=r"cannot update .*/\.status: permission denied \(PermissionError: revoked\)"
+    ):
         _commit_once(storage, step_dir, store)
     record = store.record(step_dir)
     assert record.corrupt is None and not record.succeeded
