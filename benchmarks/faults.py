@@ -13,7 +13,9 @@ calls redone after a crash. Every problem found is printed in full below the tab
 (`flaky`) and full-storage (`full`) trials, which take well under a second each. Race and pause
 trials take longer (several runners, a lease to expire) and default to a tenth and a twentieth
 of it. `--ray-trials` SIGKILL trials run with the Ray backend, one at a time (each starts a
-private Ray instance).
+private Ray instance). `--store-kill-trials` and `--store-race-trials` run the kill and race
+trials with the prefix on S3: a moto server on 127.0.0.1 started for the benchmark (the call
+logs stay on local disk); kills land uniformly within a run's duration measured there.
 """
 
 from __future__ import annotations
@@ -41,7 +43,13 @@ RAY_SPAN = 1.5
 
 
 def run_kind(
-    kind: str, n: int, root: Path, args: argparse.Namespace, span: float, backend: str
+    kind: str,
+    n: int,
+    root: Path,
+    args: argparse.Namespace,
+    span: float,
+    backend: str,
+    store: str | None = None,
 ) -> tuple[Counts, float]:
     """`n` trials of `kind`, `args.jobs` at a time; each trial's seed is `args.seed + i`."""
     started = time.monotonic()
@@ -50,7 +58,13 @@ def run_kind(
     with ThreadPoolExecutor(jobs) as pool:  # trials are subprocesses or I/O-bound: threads suffice
         futures = [
             pool.submit(
-                one_trial, kind, root / f"{kind}-{backend}-{i:04d}", args.seed + i, span=span, backend=backend
+                one_trial,
+                kind,
+                root / f"{kind}-{backend}{'-s3' if store else ''}-{i:04d}",
+                args.seed + i,
+                span=span,
+                backend=backend,
+                store=store,
             )
             for i in range(n)
         ]
@@ -59,6 +73,27 @@ def run_kind(
             if done % 20 == 0 or done == n:
                 print(f"  {kind}: {done}/{n} trials", file=sys.stderr, flush=True)
     return total, time.monotonic() - started
+
+
+def store_trials(root: Path, args: argparse.Namespace) -> list[tuple[str, Counts]]:
+    """The kill and race trials with the prefix on S3, against a moto server started here."""
+    from tests.s3server import s3_bucket_environment
+
+    rows = []
+    with s3_bucket_environment("drydock-faults"):
+        store = "s3://drydock-faults"
+        span = calibrate(root / "calibrate-s3", store=store)
+        print(f"an uninterrupted run on S3 (moto) takes {span:.2f}s", flush=True)
+        for label, kind, n in (
+            ("kill/s3", "kill", args.store_kill_trials),
+            ("race/s3", "race", args.store_race_trials),
+        ):
+            if n <= 0:
+                continue
+            counts, seconds = run_kind(kind, n, root, args, span, "local", store)
+            rows.append((label, counts))
+            print(f"  {label}: {n} trials in {seconds:.0f}s", file=sys.stderr, flush=True)
+    return rows
 
 
 def main() -> int:
@@ -71,6 +106,10 @@ def main() -> int:
     parser.add_argument("--flaky-trials", type=int, default=None, help="default: trials")
     parser.add_argument("--full-trials", type=int, default=None, help="default: trials")
     parser.add_argument("--ray-trials", type=int, default=3, help="SIGKILL trials with the Ray backend")
+    parser.add_argument(
+        "--store-kill-trials", type=int, default=50, help="SIGKILL trials, prefix on S3 (moto)"
+    )
+    parser.add_argument("--store-race-trials", type=int, default=10, help="race trials, prefix on S3 (moto)")
     parser.add_argument("--jobs", type=int, default=2, help="trials running at once")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", type=Path, default=None, help="keep trial directories here")
@@ -106,6 +145,8 @@ def main() -> int:
             counts, seconds = run_kind(kind, n, root, args, kind_span, backend)
             rows.append((label, counts))
             print(f"  {label}: {n} trials in {seconds:.0f}s", file=sys.stderr, flush=True)
+        if args.store_kill_trials > 0 or args.store_race_trials > 0:
+            rows.extend(store_trials(root, args))
         total = Counts()
         for _label, counts in rows:
             total = total + counts

@@ -13,6 +13,7 @@ import pytest
 
 from tests.faults.stepfns import MANIFEST
 from tests.faults.trials import (
+    Counts,
     Experiment,
     calibrate,
     kill_trial,
@@ -68,3 +69,20 @@ def test_sigkill_with_the_ray_backend_leaves_only_complete_commits(tmp_path):
     counts = kill_trial(tmp_path, random.Random(5), 1.5, backend="ray")
     assert counts.clean, "\n".join(counts.problems)
     assert counts.faults == 1 and counts.committed == 6
+
+
+def test_sigkill_and_races_on_an_object_store_leave_only_complete_commits(tmp_path):
+    """The same trials with the prefix on S3 (a moto server): conditional writes, not file locks,
+    keep the commit protocol honest there."""
+    from tests.s3server import s3_bucket_environment
+
+    with s3_bucket_environment("drydock-faults"):
+        store = "s3://drydock-faults"
+        span = calibrate(tmp_path / "calibrate", store=store)
+        counts = Counts()
+        for i in range(3):
+            counts = counts + kill_trial(tmp_path / f"kill-{i}", random.Random(11 + i), span, store=store)
+        counts = counts + race_trial(tmp_path / "race", store=store)
+        assert counts.clean, "\n".join(counts.problems)
+        assert counts.trials == 4 and counts.committed == 4 * 6 and counts.duplicates == 0
+        assert counts.faults >= 3 + 1  # three racing runners beyond the first, and a kill that landed

@@ -40,6 +40,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -141,6 +142,10 @@ class Experiment:
     pause: float = 0.05
     backend: str = "local"
     max_concurrent: int = 2
+    store: str | None = None
+    """An object-store URL (`s3://bucket`) to keep the prefix in instead of local disk; each
+    experiment gets a directory of its own there. The call log stays on local disk."""
+    tag: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     @property
     def file(self) -> Path:
@@ -149,6 +154,11 @@ class Experiment:
     @property
     def prefix(self) -> Path:
         return self.workdir / "prefix"
+
+    @property
+    def target(self) -> str:
+        """The prefix as the runners are given it: a local path, or a URL in `store`."""
+        return f"{self.store.rstrip('/')}/{self.workdir.name}-{self.tag}" if self.store else str(self.prefix)
 
     @property
     def calls(self) -> Path:
@@ -175,7 +185,7 @@ class Experiment:
             "run",
             str(self.file),
             "--prefix",
-            str(self.prefix),
+            self.target,
             "--backend",
             self.backend,
             "--max_concurrent",
@@ -258,9 +268,10 @@ def verify(
 ) -> Verdict:
     """Check every committed step under the prefix against its manifest and the call log.
 
-    `fs` and `prefix` default to local disk and `exp.prefix`; pass them for another filesystem.
+    `fs` and `prefix` default to where the experiment keeps its prefix (`exp.target`).
     """
-    fs = fs or fsspec.filesystem("file")
+    if fs is None:
+        fs, prefix = fsspec.core.url_to_fs(prefix or exp.target)
     prefix = prefix or str(exp.prefix)
     finished = {c["call"] for c in exp.calls_log() if c["event"] == "finish"}
     committed: dict[str, str] = {}
@@ -341,13 +352,15 @@ def _final_checks(exp: Experiment, counts: Counts, verdict: Verdict, expected_st
 # -- the trials ---------------------------------------------------------------------------------
 
 
-def kill_trial(workdir: Path, rng: random.Random, span: float, *, backend: str = "local") -> Counts:
+def kill_trial(
+    workdir: Path, rng: random.Random, span: float, *, backend: str = "local", store: str | None = None
+) -> Counts:
     """SIGKILL the executor `uniform(0, span)` seconds after it starts, check, rerun, check.
 
     `span` should be about the duration of an uninterrupted run (see `calibrate`), so kills
     land in planning, in steps, between steps and around commits alike.
     """
-    exp = Experiment(workdir, backend=backend).write()
+    exp = Experiment(workdir, backend=backend, store=store).write()
     counts = Counts(trials=1)
     proc = exp.start("killed")
     if backend == "ray":
@@ -375,9 +388,9 @@ def kill_trial(workdir: Path, rng: random.Random, span: float, *, backend: str =
     return counts
 
 
-def calibrate(workdir: Path, *, backend: str = "local") -> float:
+def calibrate(workdir: Path, *, backend: str = "local", store: str | None = None) -> float:
     """Seconds of one uninterrupted run of the trial experiment (process start to exit)."""
-    exp = Experiment(workdir, backend=backend).write()
+    exp = Experiment(workdir, backend=backend, store=store).write()
     started = time.monotonic()
     counts = Counts()
     exp.finish(exp.start("calibrate"), "calibrate", counts)
@@ -386,9 +399,11 @@ def calibrate(workdir: Path, *, backend: str = "local") -> float:
     return time.monotonic() - started
 
 
-def race_trial(workdir: Path, runners: int = 4, *, backend: str = "local") -> Counts:
+def race_trial(
+    workdir: Path, runners: int = 4, *, backend: str = "local", store: str | None = None
+) -> Counts:
     """`runners` executors start at once on one experiment and prefix: each step runs once."""
-    exp = Experiment(workdir, backend=backend).write()
+    exp = Experiment(workdir, backend=backend, store=store).write()
     counts = Counts(trials=1, faults=runners - 1)
     procs = [exp.start(f"racer{i}") for i in range(runners)]
     for i, proc in enumerate(procs):
@@ -442,13 +457,22 @@ def pause_trial(workdir: Path, rng: random.Random) -> Counts:
 KINDS = ("kill", "race", "pause", "flaky", "full")
 
 
-def one_trial(kind: str, workdir: Path, seed: int, *, span: float = 1.5, backend: str = "local") -> Counts:
-    """One trial of `kind` (see KINDS) in a fresh `workdir`, with its own random seed."""
+def one_trial(
+    kind: str,
+    workdir: Path,
+    seed: int,
+    *,
+    span: float = 1.5,
+    backend: str = "local",
+    store: str | None = None,
+) -> Counts:
+    """One trial of `kind` (see KINDS) in a fresh `workdir`, with its own random seed. `store`
+    (kill and race trials): keep the prefix in that object store instead of on local disk."""
     rng = random.Random(seed)
     if kind == "kill":
-        return kill_trial(workdir, rng, span, backend=backend)
+        return kill_trial(workdir, rng, span, backend=backend, store=store)
     if kind == "race":
-        return race_trial(workdir, backend=backend)
+        return race_trial(workdir, backend=backend, store=store)
     if kind == "pause":
         return pause_trial(workdir, rng)
     # Imported here: storage_trials builds on this module.
