@@ -153,6 +153,7 @@ def raw_dataset(
         return dataset
     try:
         listing = {key: _fingerprint(path, info) for path, key, info in expand_input(dataset, input_root)}
+        _HASHES.save()
     except InputError as e:
         raise StepDeclarationError(None, f"{where}: content-addressed, but {e}", field="urls") from e
     return dataclasses.replace(dataset, content_digest=listing_digest(listing))
