@@ -33,11 +33,9 @@ from fsspec.implementations.local import LocalFileSystem
 from pipeline import Resources, Step, StepDeclarationError, step_events, step_function, this_output, versioned
 from pipeline.run.parallel import parallel_map
 from steps.files import exists, read_json, write_json
-from steps.sources import InputError, RawDataset, expand_input, list_inputs
+from steps.sources import CHECKSUM_KEYS, InputError, RawDataset, expand_input, list_inputs
 
 __all__ = ["MirrorConfig", "MirrorError", "mirror", "mirror_step"]
-
-_CHECKSUMS = ("md5Hash", "ETag", "etag", "crc32c")
 
 
 class MirrorError(ValueError):
@@ -181,7 +179,7 @@ def _same(a: Mapping[str, Any], b: Mapping[str, Any] | None) -> str | None:
     None if it differs or is missing."""
     if b is None or a.get("size") != b.get("size"):
         return None
-    for key in _CHECKSUMS:
+    for key in CHECKSUM_KEYS:
         if a.get(key) and b.get(key):
             return "checksum" if str(a[key]).strip('"') == str(b[key]).strip('"') else None
     return "size"

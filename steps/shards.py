@@ -18,17 +18,27 @@ import fsspec
 
 from steps.files import write_file
 
-__all__ = ["ShardError", "is_shard", "shard_records", "shard_texts", "write_kept"]
+__all__ = [
+    "JSON_SUFFIXES",
+    "ShardError",
+    "is_shard",
+    "shard_records",
+    "shard_texts",
+    "split_compression",
+    "write_kept",
+]
 
 _COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
-_JSON = (".jsonl", ".json", ".ndjson")
+JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
+"""Extensions of JSON-lines files (before a compression suffix)."""
 
 
 class ShardError(ValueError):
     """A shard that cannot be read: its format, a malformed record, a missing text field."""
 
 
-def _split(path: str) -> tuple[str, str | None]:
+def split_compression(path: str) -> tuple[str, str | None]:
+    """(the lower-cased name without its compression suffix, fsspec's name of the compression)."""
     lower = path.lower()
     for suffix, compression in _COMPRESSIONS.items():
         if lower.endswith(suffix):
@@ -38,13 +48,13 @@ def _split(path: str) -> tuple[str, str | None]:
 
 def is_shard(path: str) -> bool:
     """Whether `path` is a jsonl or parquet file (optionally compressed)."""
-    base, _ = _split(path)
-    return base.endswith((*_JSON, ".parquet"))
+    base, _ = split_compression(path)
+    return base.endswith((*JSON_SUFFIXES, ".parquet"))
 
 
 def shard_texts(path: str, text_field: str) -> Iterator[str]:
     """The text of every record of a shard, in order."""
-    base, _ = _split(path)
+    base, _ = split_compression(path)
     if base.endswith(".parquet"):
         yield from _parquet_texts(path, text_field)
         return
@@ -58,7 +68,7 @@ def shard_texts(path: str, text_field: str) -> Iterator[str]:
 
 def shard_records(path: str) -> Iterator[Any]:
     """Every record of a shard as a value: a JSON record per line, or a parquet row as a dict."""
-    base, _ = _split(path)
+    base, _ = split_compression(path)
     if base.endswith(".parquet"):
         import pyarrow.parquet as pq
 
@@ -71,8 +81,8 @@ def shard_records(path: str) -> Iterator[Any]:
 
 def _json_lines(path: str) -> Iterator[tuple[int, Any]]:
     """(line number, record) of every non-empty line of a jsonl shard."""
-    base, compression = _split(path)
-    if not base.endswith(_JSON):
+    base, compression = split_compression(path)
+    if not base.endswith(JSON_SUFFIXES):
         raise ShardError(f"{path}: unknown format; use .jsonl or .parquet (optionally .gz or .zst)")
     with fsspec.open(path, "rb", compression=compression) as raw:
         for number, line in enumerate(io.TextIOWrapper(raw, encoding="utf-8"), 1):
@@ -102,7 +112,7 @@ def _parquet_texts(path: str, text_field: str) -> Iterator[str]:
 def write_kept(src: str, dst: str, keep: Sequence[bool]) -> None:
     """Write the records of `src` marked in `keep` (one flag per record, in order) to `dst`, in
     the format and compression of `src`. Replaces `dst` whole (atomically on local disk)."""
-    base, compression = _split(src)
+    base, compression = split_compression(src)
     if base.endswith(".parquet"):
         import pyarrow as pa
         import pyarrow.parquet as pq

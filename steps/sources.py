@@ -40,6 +40,7 @@ import fsspec
 from pipeline import StepDeclarationError
 
 __all__ = [
+    "CHECKSUM_KEYS",
     "DEFAULT_BUDGET",
     "HASH_LIMIT",
     "InputError",
@@ -62,8 +63,8 @@ HASH_LIMIT = 256 * 2**20
 """Local files up to this size are fingerprinted by a content hash; larger ones by size and
 modification time (hashing a large local corpus on every plan would cost more than it is worth)."""
 
-# Checksums an object store keeps per object, in order of preference; whichever a listing has.
-_CHECKSUMS = ("md5Hash", "crc32c", "ETag", "etag", "md5", "checksum")
+CHECKSUM_KEYS = ("md5Hash", "crc32c", "ETag", "etag", "md5", "checksum")
+"""Checksums an object store keeps per object (fsspec info keys), in order of preference."""
 _GLOB_CHARS = "*?["
 
 
@@ -305,7 +306,7 @@ def listing_digest(listing: Mapping[str, Mapping[str, Any]]) -> str:
 def _fingerprint(path: str, info: Mapping[str, Any]) -> dict[str, Any]:
     size = info.get("size")
     out: dict[str, Any] = {"size": int(size) if size is not None else None}
-    for key in _CHECKSUMS:
+    for key in CHECKSUM_KEYS:
         value = info.get(key)
         if value:
             out[key.lower()] = str(value).strip('"')

@@ -7,10 +7,9 @@ the step would have written. See `pipeline.run.adopt`.
 from __future__ import annotations
 
 import datetime
-import difflib
 from collections.abc import Sequence
 
-from pipeline.cli.common import guarded, needs_target
+from pipeline.cli.common import find_step, guarded, needs_target
 from pipeline.cli.loading import Loaded, load
 from pipeline.core.dag import build_dag
 from pipeline.core.lease import Owner
@@ -37,13 +36,7 @@ def _adopt(target: str, argv: Sequence[str]) -> int:
 
     def body(loaded: Loaded) -> int:
         dag = build_dag(loaded.steps, resolve_prefix(loaded.config.prefix))
-        matches = [label for label, node in dag.nodes.items() if wanted in (label, node.name)]
-        if not matches:
-            names = sorted({node.name for node in dag.nodes.values()})
-            close = difflib.get_close_matches(wanted, names, n=3, cutoff=0.6)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise StepDeclarationError(None, f"no step named {wanted!r} in {target}{hint}", field="STEP")
-        label = matches[0]
+        label = find_step(dag, wanted, target)
         store = StepStore(open_storage(dag.prefix))
         adopted = adopt(dag, store, label, source, Owner.current())
         when = datetime.datetime.fromtimestamp(adopted["at"]).isoformat(timespec="seconds")

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pipeline.core.dag import Dag
 from pipeline.errors import DrydockError, StepDeclarationError
 from pipeline.storage.manifests import is_manifest
 
-__all__ = ["BROKEN_PIPE", "Parser", "guarded", "needs_target", "quiet_broken_pipe"]
+__all__ = ["BROKEN_PIPE", "Parser", "find_step", "guarded", "needs_target", "quiet_broken_pipe"]
 
 BROKEN_PIPE = 141
 """The exit code of a command whose stdout reader went away, as a shell reports one killed by SIGPIPE."""
@@ -59,3 +61,16 @@ def needs_target(command: str, args: Sequence[str]) -> int | None:
         print(f"error: experiment file {args[0]!r} does not exist", file=sys.stderr)
         return 2
     return None
+
+
+def find_step(dag: Dag, wanted: str, target: str) -> str:
+    """The label of the step `wanted` names (a label or a step name) in `dag`; one error naming
+    the file otherwise, with the names containing what was typed, else the names close to it (a
+    typo: `trian/x`)."""
+    for label, node in dag.nodes.items():
+        if wanted in (label, node.name):
+            return label
+    names = sorted({node.name for node in dag.nodes.values()})
+    close = [n for n in names if wanted in n][:5] or difflib.get_close_matches(wanted, names, n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise StepDeclarationError(None, f"no step named {wanted!r} in {target}{hint}", field="STEP")

@@ -14,7 +14,6 @@ rebuilt into steps (`pipeline.run.recipe`) for `explain`. Each command returns a
 from __future__ import annotations
 
 import contextlib
-import difflib
 import json
 import os
 import sys
@@ -26,7 +25,7 @@ from typing import Any
 
 from rich.console import Console
 
-from pipeline.cli.common import Parser, guarded, needs_target
+from pipeline.cli.common import Parser, find_step, guarded, needs_target
 from pipeline.cli.loading import Loaded, load
 from pipeline.core.lease import Owner
 from pipeline.errors import StepDeclarationError
@@ -276,16 +275,8 @@ def _explain(target: str, argv: Sequence[str]) -> int:
 
     def explain(loaded: Loaded) -> int:
         dag, store, _plan = prepare(loaded.steps, loaded.config, strict=False)
-        matches = [label for label, node in dag.nodes.items() if wanted in (label, node.name)]
-        if not matches:
-            names = sorted({node.name for node in dag.nodes.values()})
-            # Names containing what was typed, then names close to it (a typo: `trian/x`).
-            close = [n for n in names if wanted in n][:5] or difflib.get_close_matches(
-                wanted, names, n=3, cutoff=0.6
-            )
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise StepDeclarationError(None, f"no step named {wanted!r} in {target}{hint}", field="STEP")
-        print(format_explanation(explain_step(dag, matches[0], store), dag, now=time.time()), end="")
+        label = find_step(dag, wanted, target)
+        print(format_explanation(explain_step(dag, label, store), dag, now=time.time()), end="")
         return 0
 
     return load(target, options, explain)

@@ -317,11 +317,16 @@ def explain_step(dag: Dag, label: str, store: StepStore) -> Explanation:
     )
 
 
-def _adopted(reader: _Reader, step_dir: str) -> str | None:
-    """ "<from> by <who> at <when>" if the committed output was adopted, not made by a run."""
+def _committed(reader: _Reader, step_dir: str) -> Mapping[str, Any]:
+    """The data of the SUCCESS the step directory ends in ({} if it is not committed)."""
     record = reader.record(step_dir)
     last = record.last if record is not None else None
-    adopted = last.data.get("adopted") if last is not None and last.event == Event.SUCCESS else None
+    return last.data if last is not None and last.event == Event.SUCCESS else {}
+
+
+def _adopted(reader: _Reader, step_dir: str) -> str | None:
+    """ "<from> by <who> at <when>" if the committed output was adopted, not made by a run."""
+    adopted = _committed(reader, step_dir).get("adopted")
     if not isinstance(adopted, dict):
         return None
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(adopted.get("at") or 0))
@@ -331,9 +336,7 @@ def _adopted(reader: _Reader, step_dir: str) -> str | None:
 def _step_json_note(reader: _Reader, step_dir: str) -> str | None:
     """What is wrong with a committed step's `.step.json`, if it is not the file its SUCCESS
     recorded the digest of. Plans do not read it (SUCCESS is the record of what ran)."""
-    record = reader.record(step_dir)
-    last = record.last if record is not None else None
-    recorded = last.data.get("step_json") if last is not None and last.event == Event.SUCCESS else None
+    recorded = _committed(reader, step_dir).get("step_json")
     if not isinstance(recorded, str):
         return None  # not committed, or committed by a version that recorded no digest
     current = reader.store.step_json_digest(step_dir)

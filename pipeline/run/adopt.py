@@ -12,6 +12,7 @@ the step CACHED; `drydock explain` says it was adopted.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import platform
@@ -20,18 +21,19 @@ from typing import Any
 
 import fsspec
 
-from pipeline.core.dag import Dag, resolved_config
+from pipeline.core.dag import Dag
 from pipeline.core.drift import listing_digest
 from pipeline.core.lease import Owner
 from pipeline.errors import StepDeclarationError
-from pipeline.run.provenance import drift_digest_of, step_info
-from pipeline.step import hooks_of
+from pipeline.run.provenance import drift_digest_of, input_listing, step_info
 from pipeline.storage.layout import LOGS_DIR, PINNED, STEP_DIR_MARKERS
 from pipeline.storage.step_store import Acquired, Held, StepStore
 
 __all__ = ["adopt"]
 
 _LEASE_SECONDS = 3600.0  # a copy of a large directory into an object store can take a while
+_DRYDOCK_FILES = frozenset({*STEP_DIR_MARKERS, LOGS_DIR, PINNED})
+"""Entries at the top of an adopted directory that are not copied: Drydock's own records."""
 
 
 def adopt(dag: Dag, store: StepStore, label: str, source: str, owner: Owner) -> dict[str, Any]:
@@ -40,7 +42,7 @@ def adopt(dag: Dag, store: StepStore, label: str, source: str, owner: Owner) -> 
     `StepDeclarationError` naming the step, and nothing is written."""
     node = dag.nodes[label]
     step_dir = node.output_path
-    files = _check_source(node.name, source)
+    _check_source(node.name, source)
     record = store.record(step_dir, with_metadata=False)
     if record.succeeded:
         raise StepDeclarationError(
@@ -58,26 +60,23 @@ def adopt(dag: Dag, store: StepStore, label: str, source: str, owner: Owner) -> 
     token = acquired.token
     committed = False
     try:
+        started = time.time()
+        copied = store.storage.copy_in(source, step_dir, skip=_DRYDOCK_FILES)
         adopted = {
             "from": source,
             "by": f"{getpass.getuser()}@{platform.node()}",
-            "at": time.time(),
-            "files": files,
+            "at": started,
+            "files": len(copied),
         }
         info = step_info(dag, label)
-        info.update(adopted=adopted, run_id=owner.run_id, attempt=1, token=token, started=adopted["at"])
+        info.update(adopted=adopted, run_id=owner.run_id, attempt=1, token=token, started=started)
         data: dict[str, Any] = {"adopted": adopted, "drift": drift_digest_of(dag, label)}
-        listed = hooks_of(node.step.fn).inputs
-        if listed is not None:
-            # What the adopted output is declared to be made of, as a run would record it; if the
-            # inputs cannot be listed here, later plans say the listing was not recorded.
-            try:
-                info["inputs"] = dict(listed(resolved_config(dag, label)))
-                data["inputs"] = listing_digest(info["inputs"])
-            except Exception:  # adoption does not need the raw inputs
-                pass
-        skip = {*STEP_DIR_MARKERS, LOGS_DIR, PINNED}
-        store.storage.copy_in(source, step_dir, skip=skip)
+        # What the adopted output is declared to be made of, as a run would record it; if the
+        # inputs cannot be listed here, later plans say the listing was not recorded.
+        with contextlib.suppress(Exception):  # adoption does not need the raw inputs
+            listing = input_listing(dag, label)
+            if listing is not None:
+                info["inputs"], data["inputs"] = listing, listing_digest(listing)
         data["step_json"] = store.write_step_json(step_dir, info)
         committed = store.commit(step_dir, owner, token, data=data)
         if not committed:
@@ -90,14 +89,15 @@ def adopt(dag: Dag, store: StepStore, label: str, source: str, owner: Owner) -> 
             store.release(step_dir, owner, token)
 
 
-def _check_source(step: str, source: str) -> int:
-    """The number of files under `source`; one clear error if it is not a non-empty directory."""
+def _check_source(step: str, source: str) -> None:
+    """One clear error unless `source` is a directory with files to adopt (besides Drydock's own)."""
     try:
         fs, path = fsspec.core.url_to_fs(source)
         if not fs.isdir(path):
             what = "is a file, not a directory" if fs.exists(path) else "does not exist"
             raise StepDeclarationError(step, f"{source} {what}", field="from")
-        files = [p for p in fs.find(path) if p.rstrip("/").rsplit("/", 1)[-1] not in STEP_DIR_MARKERS]
+        base = path.rstrip("/")
+        files = [p for p in fs.find(path) if p[len(base) + 1 :].split("/", 1)[0] not in _DRYDOCK_FILES]
     except StepDeclarationError:
         raise
     except Exception as e:  # a bucket we may not list, an unknown protocol
@@ -106,4 +106,3 @@ def _check_source(step: str, source: str) -> int:
         ) from e
     if not files:
         raise StepDeclarationError(step, f"{source} is empty: there is nothing to adopt", field="from")
-    return len(files)

@@ -36,7 +36,7 @@ from pipeline.run.backends.base import Backend, StepTask
 from pipeline.run.fence import LeaseExpired
 from pipeline.run.heartbeat import Heartbeat
 from pipeline.run.hooks import call_hook, step_summary
-from pipeline.run.provenance import drift_digest_of, step_info
+from pipeline.run.provenance import drift_digest_of, input_listing, step_info
 from pipeline.run.reporter import Reporter
 from pipeline.step import hooks_of
 from pipeline.storage.step_store import AlreadyDone, Held, StepStore
@@ -339,13 +339,13 @@ class _Execution:
         summary = step_summary(node.step.fn, config)
         if summary:
             info["summary"] = summary
-        listed = hooks_of(node.step.fn).inputs
+        # Taken before the step reads them: the record of what this attempt was given. A listing
+        # that cannot be read fails the attempt with the hook's error.
+        listing = input_listing(self.dag, label, config)
         inputs = None
-        if listed is not None:
-            # Taken before the step reads them: the record of what this attempt was given. A
-            # listing that cannot be read fails the attempt with the hook's error.
-            info["inputs"] = dict(listed(config))
-            inputs = listing_digest(info["inputs"])
+        if listing is not None:
+            info["inputs"] = listing
+            inputs = listing_digest(listing)
         info.update(run_id=self.owner.run_id, attempt=attempt, token=token, started=started)
         return config, self.store.write_step_json(node.output_path, info), inputs
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from pipeline.core.dag import Dag, resolved_config
+from pipeline.core.dag import Dag
 from pipeline.core.drift import listing_digest, listing_drift
 from pipeline.core.records import StepRecord
+from pipeline.run.provenance import input_listing
 from pipeline.step import hooks_of
 from pipeline.storage.step_store import StepStore
 
@@ -29,14 +30,13 @@ def input_notes(dag: Dag, store: StepStore, snapshot: dict[str, StepRecord]) -> 
     the step is cached, so a plan never fails on it."""
     notes: dict[str, list[str]] = {}
     for label, node in dag.nodes.items():
-        hook = hooks_of(node.step.fn).inputs
         record = snapshot.get(node.output_path)
-        if hook is None or record is None or not record.succeeded:
+        if hooks_of(node.step.fn).inputs is None or record is None or not record.succeeded:
             continue
         recorded = record.last.data if record.last is not None else {}
         digest = recorded.get("inputs") if isinstance(recorded, Mapping) else None
         try:
-            current = dict(hook(resolved_config(dag, label)))
+            current = input_listing(dag, label) or {}
         except Exception as e:  # shown on the cached step, never raised
             notes[label] = [f"input listing cannot be read now: {e}"]
             continue

@@ -22,11 +22,13 @@ from typing import Any
 from pipeline.core.configs import to_plain
 from pipeline.core.dag import Dag, drift_text, fn_import_path, resolved_config
 from pipeline.core.drift import drift_digest_of_text
+from pipeline.step import hooks_of
 
 __all__ = [
     "code_fingerprint",
     "drift_digest_of",
     "environment_info",
+    "input_listing",
     "step_info",
 ]
 
@@ -65,6 +67,15 @@ def drift_digest_of(dag: Dag, label: str) -> str:
     """The drift digest of a step as declared now (`pipeline.core.drift.drift_digest`): recorded
     with its SUCCESS, compared by later plans."""
     return drift_digest_of_text(code_fingerprint(dag.nodes[label].step.fn), drift_text(dag, label))
+
+
+def input_listing(dag: Dag, label: str, config: Any | None = None) -> dict[str, Any] | None:
+    """The step's raw inputs as its `inputs` hook lists them now (`pipeline.step.StepHooks`), or
+    None if it declares none. What the hook raises (a listing that cannot be read) passes."""
+    hook = hooks_of(dag.nodes[label].step.fn).inputs
+    if hook is None:
+        return None
+    return dict(hook(resolved_config(dag, label) if config is None else config))
 
 
 def step_info(dag: Dag, label: str, config: Any | None = None) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import fsspec
 
+from steps.shards import JSON_SUFFIXES, split_compression
 from steps.sources import InputError, RawDataset, expand_input
 from steps.tokenize.common import ShardStats, TokenizeError
 
@@ -24,8 +25,6 @@ if TYPE_CHECKING:
 __all__ = ["documents", "expand_inputs", "is_data_file"]
 
 _TEXT_SUFFIXES = (".txt", ".text", ".md")
-_JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
-_COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 
 
 def expand_inputs(inputs: Sequence[str | RawDataset], root: str | None, split: str) -> list[str]:
@@ -46,21 +45,13 @@ def expand_inputs(inputs: Sequence[str | RawDataset], root: str | None, split: s
     return list(dict.fromkeys(files))
 
 
-def _split_suffix(path: str) -> tuple[str, str | None]:
-    name = path.lower()
-    for suffix, compression in _COMPRESSIONS.items():
-        if name.endswith(suffix):
-            return name[: -len(suffix)], compression
-    return name, None
-
-
 def is_data_file(path: str) -> bool:
-    base, _ = _split_suffix(path)
-    return base.endswith((*_JSON_SUFFIXES, *_TEXT_SUFFIXES, ".parquet"))
+    base, _ = split_compression(path)
+    return base.endswith((*JSON_SUFFIXES, *_TEXT_SUFFIXES, ".parquet"))
 
 
 def documents(path: str, config: TokenizeConfig, stats: ShardStats) -> Iterator[str]:
-    base, compression = _split_suffix(path)
+    base, compression = split_compression(path)
     if base.endswith(".parquet"):
         yield from _parquet_documents(path, config, stats)
         return
