@@ -70,9 +70,20 @@ def collect_refs(step_name: str, config: Any, prefix: str | None = None) -> Conf
             field="config",
         )
     _warn_if_mutable(step_name, type(config))
-    refs = ConfigRefs({}, {}, {})
-    plain = _collect(step_name, config, "", False, refs, set(), prefix)
-    return ConfigRefs(refs.versioned, refs.inputs, refs.own_outputs, plain)
+    found = _Found()
+    plain = _collect(step_name, config, "", False, found, set(), prefix)
+    return ConfigRefs(found.versioned, found.inputs, found.own_outputs, plain)
+
+
+class _Found:
+    """What `_collect` finds, as it finds it (a ConfigRefs is made once, at the end)."""
+
+    __slots__ = ("inputs", "own_outputs", "versioned")
+
+    def __init__(self) -> None:
+        self.versioned: dict[str, Any] = {}
+        self.inputs: dict[str, OutputOf] = {}
+        self.own_outputs: dict[str, ThisOutput] = {}
 
 
 _WARNED: set[type] = set()
@@ -94,11 +105,15 @@ def _warn_if_mutable(step_name: str, cls: type) -> None:
 
 
 def _collect(
-    step: str, value: Any, path: str, in_versioned: bool, refs: ConfigRefs, seen: set[int], prefix: str | None
+    step: str, value: Any, path: str, in_versioned: bool, refs: _Found, seen: set[int], prefix: str | None
 ) -> Any:
     """Record `value`'s references in `refs` and return its plain form: `to_plain(value,
     strict=False, prefix=prefix)`, case for case and in the same order, except that placeholders
-    stay as they are."""
+    stay as they are.
+
+    Plain strings, ints, bools and None inside containers are handled in the container's loop,
+    without a call or a dotted path: configs are mostly such values, and a plan walks every
+    config once per step."""
     kind = type(value)
     if kind is str:  # the common cases first: configs are mostly plain values
         return relativize(value, prefix) if prefix is not None else value
@@ -106,9 +121,12 @@ def _collect(
         return value
     # The markers before the generic checks below (none of them is a str, number or enum).
     if isinstance(value, Versioned):
-        plain = _collect(step, value.value, path, True, refs, seen, prefix)
+        inner = value.value
+        plain = _collect(step, inner, path, True, refs, seen, prefix)
         if path not in refs.versioned:
-            refs.versioned[path] = to_plain(step, path, value.value, strict=True)
+            # to_plain of a plain str, int, bool or None (without a prefix) is the value itself.
+            simple = type(inner) in _SIMPLE
+            refs.versioned[path] = inner if simple else to_plain(step, path, inner, strict=True)
         return plain
     if isinstance(value, OutputOf):
         refs.inputs[path] = value
@@ -116,22 +134,25 @@ def _collect(
     if isinstance(value, ThisOutput):
         refs.own_outputs[path] = value
         return value
-    leaf = _plain_leaf(value, prefix)  # subclasses of str, int and float
-    if leaf is not _NOT_A_LEAF:
-        return leaf
-    if isinstance(value, enum.Enum):
-        return _collect(step, value.value, path, in_versioned, refs, seen, prefix)
-    if isinstance(value, Step):
-        # A Step is a dataclass; walking into it would adopt the other step's placeholders and
-        # versioned values as this step's own, with no DAG edge.
-        raise StepDeclarationError(
-            step,
-            f"holds step {value.name!r} itself; use output_of(step) or step / 'sub' for its output path",
-            field=path,
-        )
-    is_dataclass = hasattr(kind, "__dataclass_fields__") and not isinstance(value, type)
-    if not (is_dataclass or isinstance(value, list | tuple | dict)):
-        return repr(value)
+    if kind is list or kind is tuple or kind is dict:  # containers next: no leaf checks for them
+        is_dataclass = False
+    else:
+        leaf = _plain_leaf(value, prefix)  # subclasses of str, int and float
+        if leaf is not _NOT_A_LEAF:
+            return leaf
+        if isinstance(value, enum.Enum):
+            return _collect(step, value.value, path, in_versioned, refs, seen, prefix)
+        if isinstance(value, Step):
+            # A Step is a dataclass; walking into it would adopt the other step's placeholders and
+            # versioned values as this step's own, with no DAG edge.
+            raise StepDeclarationError(
+                step,
+                f"holds step {value.name!r} itself; use output_of(step) or step / 'sub' for its output path",
+                field=path,
+            )
+        is_dataclass = hasattr(kind, "__dataclass_fields__") and not isinstance(value, type)
+        if not (is_dataclass or isinstance(value, list | tuple | dict)):
+            return repr(value)
     # A config that contains itself would recurse forever; configs are trees.
     if id(value) in seen:
         raise StepDeclarationError(step, "config refers to itself (configs must be trees)", field=path)
@@ -140,9 +161,14 @@ def _collect(
     if is_dataclass:
         out = {"__class__": kind.__qualname__}
         for name in _field_names(kind):
-            out[name] = _collect(
-                step, getattr(value, name), _join(path, name), in_versioned, refs, seen, prefix
-            )
+            child = getattr(value, name)
+            child_kind = type(child)
+            if child_kind is str:
+                out[name] = relativize(child, prefix) if prefix is not None else child
+            elif child_kind is int or child_kind is bool or child is None:
+                out[name] = child
+            else:
+                out[name] = _collect(step, child, _join(path, name), in_versioned, refs, seen, prefix)
     elif isinstance(value, dict):
         out = {}
         for key, child in value.items():
@@ -152,11 +178,20 @@ def _collect(
                 )
             out[key] = _collect(step, child, _join(path, key), in_versioned, refs, seen, prefix)
     else:
-        out = [
-            _collect(step, v, _join(path, i), in_versioned, refs, seen, prefix) for i, v in enumerate(value)
-        ]
+        out = []
+        for i, child in enumerate(value):
+            child_kind = type(child)
+            if child_kind is str:
+                out.append(relativize(child, prefix) if prefix is not None else child)
+            elif child_kind is int or child_kind is bool or child is None:
+                out.append(child)
+            else:
+                out.append(_collect(step, child, _join(path, i), in_versioned, refs, seen, prefix))
     seen.discard(id(value))
     return out
+
+
+_SIMPLE = frozenset({str, int, bool, type(None)})
 
 
 _NOT_A_LEAF: Any = object()

@@ -32,29 +32,38 @@ def host_id() -> str:
     return f"{socket.gethostname()}/{_boot_id()}"
 
 
-def process_start_time(pid: int) -> str | None:
-    """The kernel's start time of `pid` (clock ticks since boot), to tell reused pids apart."""
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state first), or None."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
     except OSError:
         return None
     # The command name (field 2) may contain spaces and parentheses; fields resume after the last ')'.
-    return stat.rsplit(")", 1)[1].split()[19]
+    return stat.rsplit(")", 1)[1].split()
+
+
+def process_start_time(pid: int) -> str | None:
+    """The kernel's start time of `pid` (clock ticks since boot), to tell reused pids apart."""
+    fields = _stat(pid)
+    return fields[19] if fields is not None else None
 
 
 def pid_alive(pid: int, start_time: str | None) -> bool:
-    """Whether the process `pid` that started at `start_time` still exists on this host."""
+    """Whether the process `pid` that started at `start_time` still exists on this host. A
+    zombie (exited, not yet reaped by its parent) does not: it can write nothing more."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # exists, owned by someone else
-    if start_time is None:
-        return True
-    current = process_start_time(pid)
-    return current is None or current == start_time
+        pass  # exists, owned by someone else
+    fields = _stat(pid)
+    if fields is None:
+        return True  # no /proc to ask: signal 0 said it exists
+    if fields[0] == "Z":
+        return False
+    return start_time is None or fields[19] == start_time
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,13 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
 
 from pipeline.core.dag import Dag, build_dag
+from pipeline.core.heap import collector_paused
 from pipeline.core.lease import Owner
 from pipeline.core.plan import Plan, State, make_plan
-from pipeline.core.records import StepRecord
+from pipeline.core.records import Event, StepRecord
 from pipeline.core.report import RunReport
 from pipeline.errors import StorageError
 from pipeline.run.backends import make_backend
@@ -43,32 +42,13 @@ __all__ = ["prepare", "run_experiment", "stderr_line"]
 logger = logging.getLogger("drydock")
 
 
-@contextmanager
-def _gc_paused() -> Any:
-    """Pause the cyclic garbage collector. Planning and manifests allocate many small, acyclic
-    objects: from 10,000 steps up the collector would take a third of the time, finding nothing."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        # What was allocated meanwhile is still counted as new: re-enabled as is, the collector
-        # would at once scan all of it (the whole DAG and plan; 7% of a 10,000-step plan), only
-        # to find it alive. freeze() + unfreeze() moves it to the oldest generation unscanned
-        # and resets the count, as a collection that found nothing would have.
-        gc.freeze()
-        gc.unfreeze()
-        if was_enabled:
-            gc.enable()
-
-
 def prepare(
     steps: Sequence[Step], config: ExecutorMainConfig, *, strict: bool = True
 ) -> tuple[Dag, StepStore, Plan]:
     """Build the DAG, read the prefix, and plan. Reads storage, writes nothing."""
     validate_options(config)
     prefix = resolve_prefix(config.prefix)
-    with _gc_paused():
+    with collector_paused():
         dag = build_dag(list(steps), prefix)
         store = StepStore(open_storage(prefix))
         snapshot = store.records((node.output_path for node in dag.nodes.values()), with_metadata=False)
@@ -102,9 +82,10 @@ def unchanged_steps(dag: Dag, store: StepStore, snapshot: dict[str, StepRecord])
     unchanged = set()
     for label, node in dag.nodes.items():
         record = snapshot.get(node.output_path)
-        if record is None or not record.succeeded:
+        last = record.last if record is not None else None
+        if last is None or last.event != Event.SUCCESS:
             continue
-        recorded = record.last.data if record.last is not None else {}
+        recorded = last.data
         if isinstance(recorded, Mapping) and recorded.get("drift") == drift_digest_of(dag, label):
             unchanged.add(label)
         else:
@@ -146,7 +127,7 @@ def run_experiment(
     path = manifest_path(dag.prefix, dag.nodes, name)
     # The manifest is the latest run of this DAG; each run also keeps a record of its own.
     history = run_record_path(path, owner.run_id)
-    with _gc_paused():  # as in planning: many small, acyclic objects
+    with collector_paused():  # as in planning: many small, acyclic objects
         runner = {"host": owner.host, "pid": owner.pid, "pid_start": owner.pid_start}
         manifest = ManifestBuilder(
             plan,
@@ -191,7 +172,7 @@ def run_experiment(
     finally:
         backend.close()
         gc.unfreeze()
-    with _gc_paused():
+    with collector_paused():
         final = manifest.encode(report, last=True)
         try:
             store.storage.write(path, final)

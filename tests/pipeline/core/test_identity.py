@@ -23,7 +23,13 @@ from hypothesis import strategies as st
 from pipeline.core.configs import to_plain
 from pipeline.core.dag import Dag, build_dag
 from pipeline.core.graph import descendants
-from pipeline.core.identity import HASH_CHARS, canonical_json, compute_identity, relativize
+from pipeline.core.identity import (
+    HASH_CHARS,
+    canonical_json,
+    compact_json_encoder,
+    compute_identity,
+    relativize,
+)
 from pipeline.step import Resources, Step, output_of, this_output, versioned
 from tests.pipeline.stepfns import WriteConfig, fail, write_value
 
@@ -150,6 +156,39 @@ def test_canonical_json_is_compact_sorted_and_rejects_nan() -> None:
     assert canonical_json({"b": 1, "a": [1, {"d": None, "c": "é"}]}) == '{"a":[1,{"c":"é","d":null}],"b":1}'
     with pytest.raises(ValueError):
         canonical_json({"x": math.nan})
+
+
+@given(value=values, ensure_ascii=st.booleans())
+@FAST
+def test_compact_encoder_writes_what_json_dumps_writes(value: Any, ensure_ascii: bool) -> None:
+    """The reusable encoder (built once, not per call) is a drop-in for json.dumps: identities
+    and drift digests recorded before it must still match."""
+    encode = compact_json_encoder(ensure_ascii=ensure_ascii, allow_nan=True, default=repr)
+    expected = json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=ensure_ascii, default=repr
+    )
+    assert encode(value) == expected
+    if not any(isinstance(x, float) and not math.isfinite(x) for x in _leaves(value)):
+        plain = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        assert canonical_json(value) == plain
+
+
+def test_compact_encoder_renders_unknown_objects_through_default() -> None:
+    class Thing:
+        pass
+
+    encode = compact_json_encoder(default=lambda v: f"<{type(v).__name__}>")
+    assert encode({"b": [Thing()], "a": "é"}) == '{"a":"\\u00e9","b":["<Thing>"]}'
+    with pytest.raises(TypeError):
+        compact_json_encoder()({"x": Thing()})
+
+
+def _leaves(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [leaf for v in value.values() for leaf in _leaves(v)]
+    if isinstance(value, list):
+        return [leaf for v in value for leaf in _leaves(v)]
+    return [value]
 
 
 # Stable across processes

@@ -143,6 +143,36 @@ def test_partial_last_status_line_is_ignored_and_corruption_is_reported(tmp_path
         parse_status(good + b"not json\n" + good, "x/.status")
 
 
+RUN = '{"event": "RUNNING", "token": 1, "time": 1.0, "run_id": "r"}'
+SUCCESS = '{"data": {"drift": "d"}, "event": "SUCCESS", "time": 2, "token": 1}'
+
+
+@pytest.mark.parametrize(
+    "lines, expected",
+    [
+        ([RUN, SUCCESS], ["RUNNING", "SUCCESS"]),
+        ([RUN, "", "  ", SUCCESS], ["RUNNING", "SUCCESS"]),  # blank lines are skipped
+        ([RUN + "\r", SUCCESS], ["RUNNING", "SUCCESS"]),
+        ([RUN, f"{RUN},{SUCCESS}"], "line 2 is corrupt"),  # two events on one line
+        ([RUN, "[" + SUCCESS, "1]"], "line 2 is corrupt"),  # one value over two lines
+        ([RUN, '{"event": "SUCCESS", "token": true, "time": 1}'], "line 2 is corrupt.*token"),
+        (['{"event": "RUNNING", "token": 1, "time": 1.0, "data": []}'], "line 1 is corrupt.*data"),
+        ([RUN, '{"event": "DONE", "token": 1, "time": 1}'], "line 2 is corrupt.*unknown event"),
+    ],
+)
+def test_status_parsed_whole_and_line_by_line_agree(lines, expected):
+    """`.status` is parsed as one JSON array when it can be (one decoder call per file); a file
+    that does not give exactly one valid event per line is parsed line by line, which names
+    the line at fault, as before."""
+    data = "".join(f"{line}\n" for line in lines).encode()
+    if isinstance(expected, str):
+        with pytest.raises(StorageError, match=expected):
+            parse_status(data, "x/.status")
+    else:
+        assert [e.event for e in parse_status(data)] == expected
+        assert [e.event for e in parse_status(data + b'{"event": "FAI')] == expected
+
+
 def test_status_is_append_only_on_local_disk(tmp_path):
     step_dir = str(tmp_path / "s")
     store = StepStore(LocalStorage())
