@@ -26,7 +26,10 @@ worker) is never left fenced after its step. What it cannot stop: uploads to obj
 (network requests, not files), writes made by native code that bypasses Python's `open`/`os`
 (C++ libraries writing on their own), writes through a file that was opened before the
 deadline, and, in a Ray worker, a worker whose clock runs behind the clock of the runner that
-takes over by more than the lease's margin.
+takes over by more than the lease's margin. A Ray worker on its driver's host also stops
+writing as soon as the driver exits (a killed driver's worker lives on for a second or two,
+and a rerun on that host takes the step over at once); one on another host cannot see the
+driver and goes by the lease's expiry alone.
 """
 
 from __future__ import annotations
@@ -181,6 +184,7 @@ def watch_lease(
     label: str = "",
     clock: Callable[[], float] = time.time,
     initial: float = float("-inf"),
+    gone: Callable[[], bool] | None = None,
 ) -> Iterator[Fence]:
     """A `Fence` whose deadline `read_deadline()` refreshes now and every `interval` seconds.
 
@@ -188,7 +192,8 @@ def watch_lease(
     -inf once it is not, and None when it cannot tell (a record caught mid-rewrite). Until a read
     tells, the deadline is `initial` (what the submitter knew); when a read cannot tell or raises
     (storage unreachable), the last deadline stands: it runs out by itself if that lasts. The
-    watcher is a daemon thread, stopped on exit.
+    watcher is a daemon thread, stopped on exit. With `gone`, the fence also closes as soon as
+    `gone()` is true, checked at each write (the lease holder has exited: `pipeline.run.worker`).
     """
     deadline = _Deadline(clock)
     deadline.at = initial
@@ -211,7 +216,15 @@ def watch_lease(
     watcher = threading.Thread(target=loop, name="drydock-fence", daemon=True)
     watcher.start()
     try:
-        yield Fence(deadline.remaining, label)
+        if gone is None:
+            yield Fence(deadline.remaining, label)
+        else:
+
+            def remaining() -> float:
+                left = deadline.remaining()
+                return float("-inf") if left > 0 and gone() else left
+
+            yield Fence(remaining, label)
     finally:
         stop.set()
         watcher.join()

@@ -22,6 +22,7 @@ import contextlib
 import enum
 import io
 import logging
+import os
 import sys
 import tempfile
 import threading
@@ -30,6 +31,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from pipeline.core.lease import LeaseRecord, host_id, pid_alive
 from pipeline.run import step_events
 from pipeline.run.fence import Fence, LeaseExpired, fenced_process, fenced_thread, watch_lease
 from pipeline.run.step_events import StepContext
@@ -405,10 +407,51 @@ class _LogBuffer(io.StringIO):
         return self.getvalue().encode("utf-8", "replace")
 
 
-def _lease_deadline(context: StepContext) -> Callable[[], float | None]:
-    """Reads when this attempt's lease expires; -inf once it is released or another attempt's;
-    None for an empty or partial record (local disk rewrites `.lease` in place under a lock that
-    readers do not take), which tells nothing."""
+class _Driver:
+    """The driver that holds an attempt's lease, as a worker process on the same host sees it.
+
+    A Ray worker outlives its driver by a second or two when the driver is killed (until Ray
+    notices and kills the worker), while a rerun on the driver's host takes the step over as
+    soon as the driver's pid is gone. The lease's expiry, which the fence otherwise goes by, is
+    still ahead then. So a worker on the driver's host also refuses writes once the driver is
+    gone: `gone()` is checked at every fenced write (a signal-0 `kill`, about a microsecond; the
+    process start time, which tells a reused pid apart, once a second). A worker on another
+    host cannot see the driver's pid: there only the lease's expiry fences it.
+    """
+
+    def __init__(self) -> None:
+        self.owner: tuple[int, str | None] | None = None  # (pid, start time), once known
+        self._gone = False
+        self._checked = float("-inf")
+
+    def learn(self, lease: LeaseRecord) -> None:
+        """Remember the driver from this attempt's own lease, if it runs on this host."""
+        if self.owner is None and lease.host == host_id():
+            self.owner = (lease.pid, lease.pid_start)
+
+    def gone(self) -> bool:
+        """Whether the driver is known to have exited (False while it is not known)."""
+        if self._gone or self.owner is None:
+            return self._gone
+        pid, start = self.owner
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            self._gone = True
+        except PermissionError:
+            pass  # exists, another user's: the start time below tells
+        now = time.monotonic()
+        if not self._gone and now - self._checked >= 1.0:
+            self._checked = now
+            self._gone = not pid_alive(pid, start)
+        return self._gone
+
+
+def _lease_deadline(context: StepContext, driver: _Driver) -> Callable[[], float | None]:
+    """Reads when this attempt's lease expires; -inf once it is released or another attempt's,
+    or once its driver (learned from the lease) is gone; None for an empty or partial record
+    (local disk rewrites `.lease` in place under a lock that readers do not take), which tells
+    nothing."""
     from pipeline.storage.files import open_storage
     from pipeline.storage.step_store import StepStore
 
@@ -420,7 +463,8 @@ def _lease_deadline(context: StepContext) -> Callable[[], float | None]:
             return None
         if lease.released or (lease.run_id, lease.token) != (context.run_id, context.token):
             return float("-inf")
-        return lease.expires
+        driver.learn(lease)
+        return float("-inf") if driver.gone() else lease.expires
 
     return read
 
@@ -431,10 +475,14 @@ def lease_fence(
 ) -> Iterator[Fence | None]:
     """For a step in a worker process: a fence kept at the lease's expiry by re-reading `.lease`
     every `poll` seconds (None without `poll`); until it is read, the deadline is `valid_until`,
-    what the driver knew when it submitted the task."""
+    what the driver knew when it submitted the task. On the driver's host the fence also closes
+    as soon as the driver exits (`_Driver`)."""
     if poll is None:
         yield None
         return
     initial = float("-inf") if valid_until is None else valid_until
-    with watch_lease(_lease_deadline(context), poll, label, initial=initial) as fence:
+    driver = _Driver()
+    with watch_lease(
+        _lease_deadline(context, driver), poll, label, initial=initial, gone=driver.gone
+    ) as fence:
         yield fence

@@ -1,6 +1,9 @@
 """Lease staleness rules, with time and process liveness passed in."""
 
 import os
+import subprocess
+import sys
+import time
 
 from pipeline.core.lease import LeaseRecord, is_stale, pid_alive, process_start_time
 
@@ -31,6 +34,25 @@ def test_pid_alive_checks_start_time_against_pid_reuse():
     assert start is not None
     assert pid_alive(me, start)
     assert not pid_alive(me, "1")  # same pid, different process start: a reused pid
+
+
+def test_an_exited_process_not_yet_reaped_is_not_alive():
+    """A killed runner whose parent has not reaped it yet is a zombie: signal 0 still reaches
+    it, but it writes nothing more, so its leases may be taken over and its workers fenced."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        start = process_start_time(child.pid)
+        assert pid_alive(child.pid, start)
+        child.kill()
+        deadline = time.monotonic() + 10
+        while pid_alive(child.pid, start) and time.monotonic() < deadline:
+            time.sleep(0.01)  # the kill is delivered asynchronously; it is not reaped meanwhile
+        assert not pid_alive(child.pid, start)
+        os.kill(child.pid, 0)  # still there, as a zombie
+    finally:
+        child.kill()
+        child.wait()
+    assert not pid_alive(child.pid, start)
 
 
 def test_record_round_trip():

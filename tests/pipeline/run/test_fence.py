@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from pipeline import ExecutorMainConfig, Step, run_experiment, this_output, versioned
-from pipeline.core.lease import Owner
+from pipeline.core.lease import Owner, host_id, process_start_time
 from pipeline.core.plan import State
 from pipeline.errors import StepCancelled
 from pipeline.run.backends.base import StepTask
@@ -18,9 +21,11 @@ from pipeline.run.backends.local import LocalBackend
 from pipeline.run.executor import RunReport
 from pipeline.run.fence import Fence, LeaseExpired, fenced_process, fenced_thread, watch_lease
 from pipeline.run.heartbeat import Heartbeat
+from pipeline.run.step_events import StepContext
+from pipeline.run.worker import lease_fence
 from pipeline.step import Resources
 from pipeline.storage.files import LocalStorage
-from pipeline.storage.step_store import Held, StepStore
+from pipeline.storage.step_store import Acquired, Held, StepStore
 from tests.pipeline.stepfns import WriteConfig, write_value
 
 EXPIRED = -1.0
@@ -214,6 +219,49 @@ def test_watch_lease_starts_from_the_submitters_deadline_until_a_read_tells():
         assert fence.remaining() == 2.0
     with watch_lease(lambda: None, 60.0, clock=lambda: 10.0) as fence:  # no initial: refuse
         assert fence.remaining() == float("-inf")
+
+
+# -- a Ray worker and its driver ----------------------------------------------------------------
+
+
+def _leased_to(step_dir: Path, pid: int, host: str) -> StepContext:
+    """A step directory whose lease (valid for an hour) is held by process `pid` on `host`."""
+    store = StepStore(LocalStorage())
+    owner = Owner("driver00run0", host, pid, process_start_time(pid))
+    taken = store.acquire(str(step_dir), owner, ttl=3600)
+    assert isinstance(taken, Acquired)
+    return StepContext(str(step_dir), owner.run_id, taken.token, backend="ray")
+
+
+def test_a_worker_on_its_drivers_host_stops_writing_as_soon_as_the_driver_exits(tmp_path):
+    """A killed driver's Ray worker lives on for a second or two, and a rerun on the driver's
+    host takes the step over at once (the driver's pid is gone): the worker must not write
+    meanwhile, although the lease it goes by has an hour left and is re-read only every minute."""
+    driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        context = _leased_to(tmp_path / "step", driver.pid, host_id())
+        with lease_fence(context, 60.0, time.time() + 3600, "step") as fence, fenced_thread(fence):
+            _open(tmp_path / "step" / "before.txt", "w")
+            driver.kill()
+            driver.wait()
+            with pytest.raises(LeaseExpired, match="refused open"):
+                _open(tmp_path / "step" / "after.txt", "w")
+    finally:
+        driver.kill()
+        driver.wait()
+    assert (tmp_path / "step" / "before.txt").exists()
+    assert not (tmp_path / "step" / "after.txt").exists()
+
+
+def test_a_worker_on_another_host_goes_by_the_lease_alone(tmp_path):
+    """Another host's pid means nothing here: a dead local process with the driver's pid must not
+    close the fence of a worker whose driver runs elsewhere."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    context = _leased_to(tmp_path / "step", gone.pid, "elsewhere/0000")
+    with lease_fence(context, 60.0, time.time() + 3600, "step") as fence, fenced_thread(fence):
+        _open(tmp_path / "step" / "written.txt", "w")
+    assert (tmp_path / "step" / "written.txt").exists()
 
 
 # -- the local backend --------------------------------------------------------------------------
