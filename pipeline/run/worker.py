@@ -447,7 +447,7 @@ class _Driver:
         return self._gone
 
 
-def _lease_deadline(context: StepContext, driver: _Driver) -> Callable[[], float | None]:
+def _lease_deadline(context: StepContext, driver: _Driver | None = None) -> Callable[[], float | None]:
     """Reads when this attempt's lease expires; -inf once it is released or another attempt's,
     or once its driver (learned from the lease) is gone; None for an empty or partial record
     (local disk rewrites `.lease` in place under a lock that readers do not take), which tells
@@ -456,6 +456,7 @@ def _lease_deadline(context: StepContext, driver: _Driver) -> Callable[[], float
     from pipeline.storage.step_store import StepStore
 
     store = StepStore(open_storage(context.output_path))
+    driver = driver or _Driver()
 
     def read() -> float | None:
         lease = store.lease(context.output_path)
