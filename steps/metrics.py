@@ -9,20 +9,33 @@ from __future__ import annotations
 
 import json
 import logging
+import posixpath
 import threading
 import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 
-from pipeline.observe.metrics import ALIASES, parse_events, parse_metrics
-from steps.files import write_file
+from pipeline.observe.metrics import (
+    ALIASES,
+    METRICS_DIR,
+    metrics_files,
+    parse_events,
+    parse_metrics,
+    read_metrics_data,
+    segment_index,
+    segment_name,
+)
+from steps.files import local_path, write_file
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "ALIASES",
+    "SEGMENT_BYTES",
     "MetricsUploader",
     "begin_metrics",
     "publish_metrics",
@@ -32,31 +45,38 @@ __all__ = [
 ]
 
 
+SEGMENT_BYTES = 1 << 20
+"""On object storage, a segment is closed once it holds this many bytes (see `MetricsUploader`)."""
+
+
 def read_metrics(path: str, *, up_to: int | None = None) -> list[dict[str, Any]]:
     """One record per step, in step order, with the short aliases (`loss`, `learning_rate`, ...).
 
-    `path` is a path or URL; a missing file has no records. See `pipeline.observe.metrics` for how
-    lines merge; with `up_to`, steps after it are dropped (a resumed run computes them again).
+    `path` is the output's `metrics.jsonl` (a path or URL); the segments beside it (an output on
+    object storage) are read too, in order. Nothing there: no records. See
+    `pipeline.observe.metrics` for how lines merge; with `up_to`, steps after it are dropped (a
+    resumed run computes them again).
     """
-    fs, plain = fsspec.core.url_to_fs(path)
-    if not fs.exists(plain):
-        return []
-    with fs.open(plain, "r") as f:
-        return parse_metrics(f, up_to=up_to)
+    return parse_metrics(_read_lines(path).splitlines(), up_to=up_to)
 
 
 def read_events(path: str) -> list[dict[str, Any]]:
-    """The event lines of `path` (spikes, skipped updates, rewinds), in the order written."""
-    fs, plain = fsspec.core.url_to_fs(path)
-    if not fs.exists(plain):
-        return []
-    with fs.open(plain, "r") as f:
-        return parse_events(f)
+    """The event lines of the metrics at `path` (spikes, skipped updates, rewinds), in the order
+    written."""
+    return parse_events(_read_lines(path).splitlines())
 
 
 def write_metrics(path: str, records: list[dict[str, Any]]) -> None:
-    """Replace `path` (a path or URL) with `records`, one line each, atomically."""
-    write_file(path, "".join(json.dumps(r) + "\n" for r in records).encode())
+    """Replace the metrics at `path` (a path or URL) with `records`, one line each.
+
+    On local disk `path` is replaced atomically. On object storage the lines go to segments
+    (`_store_lines`), which leaves every segment that already holds the right lines untouched.
+    """
+    data = "".join(json.dumps(r) + "\n" for r in records).encode()
+    if local_path(path) is not None:
+        write_file(path, data)
+    else:
+        _store_lines(path, data)
 
 
 def begin_metrics(
@@ -65,39 +85,149 @@ def begin_metrics(
     """Set up the metrics of a training attempt; returns the records kept.
 
     `path` is the output's metrics.jsonl (a path or URL) and `local` the file the tracker appends
-    to (the same file, or a scratch copy when `path` is on object storage). Both get the steps up
-    to `resumed_from`, the checkpoint the attempt resumes from, read from `path`: the steps after
-    it are computed (and logged) again. A fresh start (`resumed_from` None) keeps nothing. Event
-    lines of the steps kept stay; the rewind events are `rewinds` (the run's rewinds.json is what
+    to (the same file, or a scratch copy when `path` is on object storage). Both get the lines of
+    the steps up to `resumed_from`, the checkpoint the attempt resumes from, read from `path`:
+    the steps after it are computed (and logged) again. A fresh start (`resumed_from` None)
+    keeps nothing. Event lines of the steps kept stay; of rewind lines, those of `rewinds` stay
+    where they are and the missing ones are added at the end (the run's rewinds.json is what
     says which rewinds happened, so a kill between a rewind and its line loses nothing).
+
+    Lines are kept as written, in their order, so on object storage the kept lines are usually
+    a prefix of the segments there: the segments before the cut are left as they are.
     """
-    kept = read_metrics(path, up_to=resumed_from) if resumed_from is not None else []
-    if resumed_from is not None:
-        kept += [e for e in read_events(path) if e["event"] != "rewind" and e["step"] <= resumed_from]
-    kept += rewinds or []
+    data = _read_lines(path) if resumed_from is not None else b""
+    expected = [dict(r) for r in rewinds or []]
+    kept: list[bytes] = []
+    for line in data.splitlines():
+        record = _parsed(line)
+        if record is None:
+            continue  # cut short by a kill, or not a metrics line
+        if record.get("event") == "rewind":
+            if record in expected:  # a recorded rewind, once
+                expected.remove(record)
+                kept.append(line)
+        elif resumed_from is not None and record["step"] <= resumed_from:
+            kept.append(line)
+    kept += [json.dumps(r).encode() for r in expected]
+    text = b"".join(line + b"\n" for line in kept)
     if local != path:
-        write_metrics(path, kept)
-    write_metrics(local, kept)
-    return kept
+        _store_lines(path, text)
+    write_file(local, text)
+    return parse_metrics(text.splitlines())
+
+
+def _parsed(line: bytes) -> dict[str, Any] | None:
+    """A metrics line as a dict with an integer step, or None."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+        return None
+    return record
+
+
+# -- the files behind a metrics path ----------------------------------------------------------------
+
+
+def _read_lines(path: str) -> bytes:
+    """The metrics lines of the output whose metrics.jsonl is `path`: that file, then the segments."""
+    fs, plain = fsspec.core.url_to_fs(path)
+    return read_metrics_data(posixpath.dirname(plain), _reader(fs), _lister(fs)) or b""
+
+
+def _reader(fs: fsspec.AbstractFileSystem) -> Callable[[str], bytes | None]:
+    def read(path: str) -> bytes | None:
+        try:
+            return fs.cat_file(path)
+        except FileNotFoundError:
+            return None
+
+    return read
+
+
+def _lister(fs: fsspec.AbstractFileSystem) -> Callable[[str], list[str]]:
+    def listdir(path: str) -> list[str]:
+        fs.invalidate_cache(path)  # a listing cached by s3fs would miss a segment just written
+        try:
+            return [posixpath.basename(p.rstrip("/")) for p in fs.ls(path, detail=False)]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    return listdir
+
+
+def _published(path: str) -> list[tuple[str, int]]:
+    """The files (plain paths) holding the metrics of `path`'s output now, with their sizes."""
+    fs, plain = fsspec.core.url_to_fs(path)
+    files = metrics_files(posixpath.dirname(plain), _lister(fs))
+    return [(f, int(fs.info(f)["size"])) for f in files]
+
+
+def _store_lines(path: str, data: bytes) -> None:
+    """Make the metrics files of `path`'s output (on object storage) hold exactly `data`.
+
+    The files whose content is already the matching part of `data` stay as they are; the first
+    one that differs is replaced by the rest of `data`, and the files after it are deleted, last
+    first. A kill part-way leaves the replaced file and some old files after it. Those hold the
+    lines after the cut: a run writes its lines in step order, so they are of steps after the
+    checkpoint the next `begin_metrics` resumes from, which drops them; no line is lost or doubled.
+    """
+    fs, plain = fsspec.core.url_to_fs(path)
+    directory = posixpath.dirname(plain)
+    read = _reader(fs)
+    files = metrics_files(directory, _lister(fs))
+    offset = 0
+    kept = 0
+    for name in files:
+        content = read(name) or b""
+        if not content or data[offset : offset + len(content)] != content:
+            break
+        offset += len(content)
+        kept += 1
+    rest = data[offset:]
+    stale = files[kept:]
+    if rest:
+        target = stale.pop(0) if stale else f"{directory}/{METRICS_DIR}/{segment_name(_next_index(files))}"
+        if isinstance(fs, LocalFileSystem):  # only tests keep "remote" metrics on local disk
+            fs.makedirs(posixpath.dirname(target), exist_ok=True)
+        fs.pipe_file(target, rest)
+    for name in reversed(stale):
+        fs.rm(name)
+
+
+def _next_index(files: list[str]) -> int:
+    """The number of the segment after the last of `files` (0 if none is a segment)."""
+    numbers = [segment_index(posixpath.basename(f)) for f in files]
+    return max((n for n in numbers if n is not None), default=-1) + 1
 
 
 class MetricsUploader:
-    """Publishes a local metrics file, which the tracker appends to, whole at `remote` (a URL).
+    """Publishes a local metrics file, which the tracker appends to, as segments beside `remote`.
 
     Object stores cannot append, so a training run whose output is on one appends to a scratch
-    file and this replaces `<output>/metrics.jsonl` with it: from a background thread every
-    `interval` seconds while the file changes, and once more on `close()`. A crash between two
-    uploads loses at most the lines of the last `interval` seconds; those are of steps after the last
-    checkpoint (`MetricsCheckpointer` publishes before each one), which the resumed run computes
-    again. Only whole lines are uploaded, so readers never see a line being written.
+    file, and this publishes what the file gained as `<output>/metrics/part-NNNNNN.jsonl`
+    (`remote` is the output's `metrics.jsonl`, which is not written): from a background thread
+    every `interval` seconds while the file changes, and once more on `close()`. The lines not
+    yet in a closed segment go to the open segment, replaced whole at each upload; once it holds
+    `segment_bytes` it is closed and never written again, and the next lines open the next one.
+    So an upload sends at most about `segment_bytes` (plus the lines of one interval), however
+    long the run: the hero run's 390k steps would otherwise re-send a file of hundreds of MB
+    every 30 s. `bytes_uploaded` counts what was sent.
 
-    With `already_published`, the file as it is now is taken to be what `remote` holds (as after
-    `begin_metrics`): it is uploaded only once it changes. On a TPU pod every host runs the step but
-    only the first one's tracker writes, so the other hosts' copies never change and never upload.
+    A crash between two uploads loses at most the lines of the last `interval` seconds; those are
+    of steps after the last checkpoint (`MetricsCheckpointer` publishes before each one), which
+    the resumed run computes again. Only whole lines are uploaded, so readers never see a line
+    being written.
 
-    Each upload sends the whole file, so a very large file would keep the uploader busy: the wait
-    between uploads grows to `busy_factor` times the last upload's duration when that is longer.
-    Use it as a context manager (`with MetricsUploader(...):`) around the training.
+    With `already_published`, the file as it is now is taken to be what the segments hold (as
+    after `begin_metrics`): the segments are listed once, to learn which one is open, and it is
+    uploaded only once it changes. On a TPU pod every host runs the step but only the first
+    one's tracker writes, so the other hosts' copies never change and never upload.
+
+    An upload that takes long (a slow store) makes the wait between uploads grow to
+    `busy_factor` times its duration. Use it as a context manager (`with MetricsUploader(...):`)
+    around the training.
     """
 
     def __init__(
@@ -108,39 +238,70 @@ class MetricsUploader:
         *,
         already_published: bool = False,
         busy_factor: float = 10.0,
+        segment_bytes: int = SEGMENT_BYTES,
     ) -> None:
         if interval <= 0:
             raise ValueError(f"metrics upload interval must be positive, got {interval}")
+        if segment_bytes <= 0:
+            raise ValueError(f"metrics segment size must be positive, got {segment_bytes}")
         self.local = local
         self.remote = remote
         self.interval = interval
         self.busy_factor = busy_factor
+        self.segment_bytes = segment_bytes
         self.uploads = 0
-        """How many times the remote file was replaced."""
+        """How many times a segment was written."""
+        self.bytes_uploaded = 0
+        """How many bytes those writes sent."""
+        self._segments = f"{posixpath.dirname(remote)}/{METRICS_DIR}"  # a URL, like `remote`
         self._local_fs = fsspec.filesystem("file")
         self._lock = threading.Lock()
         self._uploaded: tuple[int, float] | None = None  # (size, mtime) of the file last uploaded
+        # The local file's bytes before `_closed` are in closed segments; the rest goes to the
+        # open segment, number `_open`.
+        self._closed = 0
+        self._open = 0
         if already_published:
             self._uploaded = self._version()
+            self._closed, self._open = self._layout(_published(remote))
         self._wait = interval
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def _layout(self, files: list[tuple[str, int]]) -> tuple[int, int]:
+        """(bytes in closed files, number of the open segment) of the published `files`. The last
+        segment is open unless it is full; a metrics.jsonl from before segments is closed."""
+        total = sum(size for _, size in files)
+        numbers = [segment_index(posixpath.basename(name)) for name, _ in files]
+        if not files or numbers[-1] is None:
+            return total, _next_index([name for name, _ in files])
+        last = files[-1][1]
+        if last >= self.segment_bytes:
+            return total, numbers[-1] + 1
+        return total - last, numbers[-1]
+
     def upload(self) -> bool:
-        """Upload the local file now if it changed since the last upload; whether it did."""
+        """Upload what the local file gained since the last upload, if anything; whether it did."""
         with self._lock:
             version = self._version()
             if version is None or version == self._uploaded:
                 return False
             with self._local_fs.open(self.local, "rb") as f:
+                f.seek(self._closed)
                 data = f.read()
             # The tracker may be half-way through a line: publish up to the last complete one.
             data = data[: data.rfind(b"\n") + 1]
+            if not data:
+                return False
             started = time.monotonic()
-            write_file(self.remote, data)
+            write_file(f"{self._segments}/{segment_name(self._open)}", data)
             self._wait = max(self.interval, self.busy_factor * (time.monotonic() - started))
             self._uploaded = version
             self.uploads += 1
+            self.bytes_uploaded += len(data)
+            if len(data) >= self.segment_bytes:
+                self._closed += len(data)
+                self._open += 1
             return True
 
     def _version(self) -> tuple[int, float] | None:

@@ -8,6 +8,8 @@ second trainer here). Under the step's output directory:
                             and time-based ones every `checkpoint_minutes` for preemption)
     metrics.jsonl           one line per step: step, loss, learning_rate, tokens_per_second,
                             router_max_load_ratio, plus every Levanter metric by its own key
+                            (on object storage: metrics/part-NNNNNN.jsonl, the same lines in
+                            segments of about 1 MiB; `steps.metrics` reads either)
     hf/step-N/              a Hugging Face export of the final model
     levanter_model.json     the Levanter model config (the evaluate step rebuilds the model from it)
     train_result.json       parameters, steps, where it resumed from, wall time
@@ -15,10 +17,10 @@ second trainer here). Under the step's output directory:
     logs/                   Levanter's log file
 
 The output may be a URL (gs://, s3://): Levanter writes checkpoints and the export there itself,
-and every other file goes through fsspec. Object stores cannot append, so metrics.jsonl is then
+and every other file goes through fsspec. Object stores cannot append, so the metrics are then
 appended to a per-attempt scratch file (under `$DRYDOCK_SCRATCH`, else the system's temporary
-directory) and uploaded whole every `metrics_upload_seconds` and at the end; the logs are uploaded
-at the end.
+directory) and what it gained is uploaded every `metrics_upload_seconds` and at the end, into
+the open segment (`steps.metrics.MetricsUploader`); the logs are uploaded at the end.
 
 A rerun after a crash or preemption resumes from the latest checkpoint in `checkpoints/` (the
 output directory is the same, since the identity is) and ends at the same step count. Loss
@@ -135,7 +137,7 @@ class TrainMoeConfig:
     wandb_project: str | None = None
     """Also log to Weights & Biases (needs W&B configured on the machine)."""
     metrics_upload_seconds: float = 30.0
-    """For an output on object storage: upload metrics.jsonl this often. A crash loses at most the
+    """For an output on object storage: upload the new metrics lines this often. A crash loses at most the
     lines of this many seconds; they are of steps after the last checkpoint (the lines up to a
     checkpoint are uploaded before it is saved), which the resumed run computes again."""
 
@@ -480,9 +482,10 @@ def _train_attempt(
                 finally:
                     # A rewind deletes checkpoints: none may still be being written.
                     wait_for_checkpoints(appended)
-        # One line per step from here on. On object storage, only from the host whose tracker
-        # wrote (on a TPU pod the other hosts' copies are stale, and they never uploaded them).
-        if uploader is None or uploader.uploads > 0:
+        # On local disk, one line per step from here on. Segments on object storage stay as
+        # uploaded: compacting them would re-send the whole run's lines, and a kill part-way
+        # through rewriting many segments could double event lines (readers merge lines anyway).
+        if uploader is None:
             write_metrics(metrics, read_metrics(appended) + read_events(appended))
     finally:
         if scratch is not None:

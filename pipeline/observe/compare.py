@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core.records import Event, StepRecord, last_state
-from pipeline.observe.metrics import METRICS_FILE, parse_metrics
+from pipeline.observe.metrics import parse_metrics, read_metrics_data
 from pipeline.storage.step_store import StepStore
 
 __all__ = [
@@ -235,10 +235,11 @@ def table_rows(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
 
 
 def loss_curves(store: StepStore, rows: Sequence[Row]) -> list[dict[str, Any]]:
-    """Each row step's training and eval loss per step from its metrics.jsonl (if it has one)."""
+    """Each row step's training and eval loss per step from its metrics (if it has any)."""
     curves = []
+    storage = store.storage
     for row in rows:
-        data = store.storage.read(f"{row.output_path}/{METRICS_FILE}")
+        data = read_metrics_data(row.output_path, storage.read, storage.listdir)
         if data is None:
             continue
         records = parse_metrics(data.splitlines())

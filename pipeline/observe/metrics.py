@@ -5,19 +5,108 @@ step's loss, and the step library reads the file back on resume: this module is 
 of the format they share. One JSON object per line with an integer `step`; several lines may
 carry one step (Levanter logs evaluation and training metrics separately), later keys winning;
 a line cut short by a kill is skipped. A line with an `event` key is an intervention (a loss
-spike, a skipped update, a rewind), not a step's metrics: `parse_events` returns those. Pure
-functions, no I/O.
+spike, a skipped update, a rewind), not a step's metrics: `parse_events` returns those.
+
+Where the lines are. A step on local disk appends to `<output>/metrics.jsonl`. Object stores
+cannot append, and republishing one growing file costs the whole file each time (hundreds of MB
+for a long run), so a step on object storage writes segments instead:
+`<output>/metrics/part-000000.jsonl`, `part-000001.jsonl`, ... Every segment but the last is
+closed and never changes; the last is the open one, republished as it grows. The lines of a
+step are those of `metrics.jsonl` (if any) followed by those of the segments in number order:
+`metrics_files` says which, `read_metrics_data` and `read_metrics_tail` read them with the
+reader's own `read`/`listdir` (a `Storage`'s or fsspec's), so this module does no I/O itself.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import re
+from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["ALIASES", "EVENT_KINDS", "METRICS_FILE", "parse_events", "parse_metrics"]
+__all__ = [
+    "ALIASES",
+    "EVENT_KINDS",
+    "METRICS_DIR",
+    "METRICS_FILE",
+    "metrics_files",
+    "parse_events",
+    "parse_metrics",
+    "read_metrics_data",
+    "read_metrics_tail",
+    "segment_index",
+    "segment_name",
+]
 
 METRICS_FILE = "metrics.jsonl"
+METRICS_DIR = "metrics"
+"""The directory of the segments of a step whose output is on object storage."""
+
+_SEGMENT = re.compile(r"part-(\d{6,})\.jsonl")
+
+
+def segment_name(index: int) -> str:
+    """The file name of segment `index` (`part-000123.jsonl`)."""
+    return f"part-{index:06d}.jsonl"
+
+
+def segment_index(name: str) -> int | None:
+    """The number of the segment named `name`, or None if it is not a segment's name."""
+    match = _SEGMENT.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+def metrics_files(step_dir: str, listdir: Callable[[str], list[str]]) -> list[str]:
+    """The files holding `step_dir`'s metrics lines, in reading order: `metrics.jsonl` if it is
+    there, then the segments by number. `listdir(path)` gives the base names in `path` ([] if
+    none)."""
+    entries = listdir(step_dir)
+    files = [f"{step_dir}/{METRICS_FILE}"] if METRICS_FILE in entries else []
+    if METRICS_DIR in entries:
+        numbered = ((segment_index(n), n) for n in listdir(f"{step_dir}/{METRICS_DIR}"))
+        files += [f"{step_dir}/{METRICS_DIR}/{n}" for i, n in sorted(p for p in numbered if p[0] is not None)]
+    return files
+
+
+def read_metrics_data(
+    step_dir: str, read: Callable[[str], bytes | None], listdir: Callable[[str], list[str]]
+) -> bytes | None:
+    """All of `step_dir`'s metrics lines as one text, or None if it has none. A segment deleted
+    between the listing and the read (a resumed run rewriting them) is skipped."""
+    files = metrics_files(step_dir, listdir)
+    if not files:
+        return None
+    parts = [read(f) for f in files]
+    return b"".join(_whole_lines(p) for p in parts if p)
+
+
+def read_metrics_tail(
+    step_dir: str,
+    read_tail: Callable[[str, int], bytes | None],
+    listdir: Callable[[str], list[str]],
+    size: int,
+) -> bytes | None:
+    """Whole lines from about the last `size` bytes of `step_dir`'s metrics (None if it has none):
+    the last file's tail, and the one before's too when the last is shorter (a segment just
+    opened). A line cut by the `size` limit is left out."""
+    files = metrics_files(step_dir, listdir)
+    if not files:
+        return None
+    tail = b""
+    for path in reversed(files):
+        want = size - len(tail)
+        part = read_tail(path, want) or b""
+        if len(part) >= want:  # cut: the first line is probably a piece of one
+            whole = part[part.find(b"\n") + 1 :] if b"\n" in part else b""
+            return (_whole_lines(whole) if whole else b"") + tail
+        tail = _whole_lines(part) + tail if part else tail
+    return tail
+
+
+def _whole_lines(data: bytes) -> bytes:
+    """`data` ending in a newline, so that the next file's first line does not join its last."""
+    return data if data.endswith(b"\n") else data + b"\n"
+
 
 ALIASES = {
     "train/loss": "loss",

@@ -30,7 +30,7 @@ from pipeline.core.dag import Dag
 from pipeline.core.figures import figures_text, live_figures
 from pipeline.core.records import Event, StatusEvent
 from pipeline.observe.live import Shown, live_state, runner_gone
-from pipeline.observe.metrics import METRICS_FILE
+from pipeline.observe.metrics import read_metrics_tail
 from pipeline.observe.render import label_width
 from pipeline.storage.files import map_reads
 from pipeline.storage.step_store import StepStore
@@ -165,13 +165,12 @@ def _status(entry: StepEntry, store: StepStore, now: float, local_host: str) -> 
 
 
 def _metrics_tail(store: StepStore, step_dir: str) -> tuple[int | None, float | None]:
-    """The latest step in `metrics.jsonl` and the latest loss logged, from its last few KiB."""
-    tail = store.storage.read_tail(f"{step_dir}/{METRICS_FILE}", _TAIL_BYTES)
+    """The latest step in the step's metrics and the latest loss logged, from their last few KiB."""
+    storage = store.storage
+    tail = read_metrics_tail(step_dir, storage.read_tail, storage.listdir, _TAIL_BYTES)
     if not tail:
         return None, None
     lines = tail.split(b"\n")
-    if len(tail) == _TAIL_BYTES:
-        lines = lines[1:]  # the first line is probably cut
     step: int | None = None
     loss: float | None = None
     for line in reversed(lines):

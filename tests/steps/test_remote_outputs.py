@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import posixpath
 import signal
 import subprocess
 import sys
@@ -44,6 +45,7 @@ from steps.training_hooks import (
     MetricsUploader,
     begin_metrics,
     publish_metrics,
+    read_events,
     read_metrics,
     write_file,
     write_metrics,
@@ -115,10 +117,116 @@ def test_resume_keeps_the_remote_lines_up_to_the_checkpoint_in_both_copies(url, 
 
     assert [r["step"] for r in kept] == [0, 1, 2, 3, 4, 5]
     assert kept[5]["router_max_load_ratio"] == 1.5 and kept[5]["loss"] == pytest.approx(4.5)
-    for copy in (remote, local):  # one line per step, the steps after the checkpoint dropped
-        assert [json.loads(line)["step"] for line in cat(copy).splitlines()] == [0, 1, 2, 3, 4, 5]
+    for copy in (local, remote):  # the lines as written, the steps after the checkpoint dropped
+        assert [json.loads(line)["step"] for line in _raw(copy).splitlines()] == [0, 1, 2, 3, 4, 5, 0, 5]
     begin_metrics(remote, local, resumed_from=None)  # a fresh start keeps nothing
-    assert cat(remote) == "" and cat(local) == ""
+    assert _raw(remote) == "" and cat(local) == ""
+    assert not exists(remote)  # the file from before segments is gone, not left empty
+
+
+def _raw(path: str) -> str:
+    """The metrics lines of `path`'s output as stored: the file itself or its segments, in order."""
+    fs, plain = fsspec.core.url_to_fs(path)
+    fs.invalidate_cache()
+    files = [plain] if fs.exists(plain) else []
+    files += sorted(fs.glob(posixpath.join(posixpath.dirname(plain), "metrics", "part-*.jsonl")))
+    return "".join(fs.cat_file(f).decode() for f in files)
+
+
+def _segments(path: str) -> dict[str, bytes]:
+    """The segments beside `path` (a metrics.jsonl URL) by name, with their content."""
+    fs, plain = fsspec.core.url_to_fs(path)
+    fs.invalidate_cache()
+    found = sorted(fs.glob(posixpath.join(posixpath.dirname(plain), "metrics", "part-*.jsonl")))
+    return {posixpath.basename(f): fs.cat_file(f) for f in found}
+
+
+def test_segments_close_at_their_size_and_are_never_written_again(url, tmp_path):
+    local = tmp_path / "metrics.jsonl"
+    remote = f"{url}/metrics.jsonl"
+    uploader = MetricsUploader(str(local), remote, interval=3600, segment_bytes=200)
+    sent = 0
+    seen: dict[str, bytes] = {}
+    for step in range(40):
+        append(local, {"step": step, "train/loss": 3.0 - step / 100})
+        assert uploader.upload()
+        segments = _segments(remote)
+        *earlier, last = sorted(segments)
+        for name in earlier:  # closed: a segment keeps its bytes once the next one is written
+            assert len(segments[name]) >= 200
+            assert seen.setdefault(name, segments[name]) == segments[name]
+        sent += len(segments[last])  # the open one (or the one this upload filled and closed)
+    assert len(segments) >= 5
+    assert b"".join(segments.values()) == local.read_bytes()
+    assert [r["step"] for r in read_metrics(remote)] == list(range(40))
+    # Each upload sent the open segment only: a bounded size, not the whole file.
+    assert uploader.bytes_uploaded <= sent + 200 * len(segments)
+    assert uploader.bytes_uploaded < 40 * local.stat().st_size / 4
+
+
+def test_a_resume_keeps_the_segments_before_the_checkpoint_and_loses_or_doubles_no_line(url, tmp_path):
+    remote = f"{url}/metrics.jsonl"
+    first = tmp_path / "first.jsonl"
+    rewind = {"event": "rewind", "step": 31, "number": 1}
+    with MetricsUploader(str(first), remote, interval=3600, segment_bytes=150) as uploader:
+        for step in range(30):
+            append(first, {"step": step, "train/loss": 2.0})
+            if step % 7 == 0:
+                append(first, {"event": "spike", "step": step})
+            uploader.upload()
+    before = _segments(remote)
+    assert len(before) >= 4
+    # A rewind (recorded in rewinds.json) back to the checkpoint at step 20: its line is added.
+    second = tmp_path / "second.jsonl"
+    kept = begin_metrics(remote, str(second), resumed_from=20, rewinds=[rewind])
+    assert [r["step"] for r in kept] == list(range(21))
+    after = _segments(remote)
+    unchanged = [n for n in before if after.get(n) == before[n]]
+    assert unchanged and unchanged == sorted(before)[: len(unchanged)]  # the leading ones untouched
+    assert b"".join(after.values()) == second.read_bytes()
+    # The resumed attempt appends after them; the steps after 20 come again, each once.
+    with MetricsUploader(str(second), remote, interval=3600, segment_bytes=150, already_published=True):
+        for step in range(21, 30):
+            append(second, {"step": step, "train/loss": 1.0})
+    lines = [json.loads(line) for line in _raw(remote).splitlines()]
+    assert [r["step"] for r in lines if "event" not in r] == list(range(30))
+    assert [(e["event"], e["step"]) for e in read_events(remote)] == [
+        ("spike", 0),
+        ("spike", 7),
+        ("spike", 14),
+        ("rewind", 31),
+    ]
+    assert [r["loss"] for r in read_metrics(remote)] == [2.0] * 21 + [1.0] * 9
+    # Resuming again from the same checkpoint changes nothing already there and adds no rewind line.
+    settled = _segments(remote)
+    begin_metrics(remote, str(tmp_path / "third.jsonl"), resumed_from=29, rewinds=[rewind])
+    assert _segments(remote) == settled
+
+
+def test_a_kill_while_the_segments_are_rewritten_loses_and_doubles_nothing(url, tmp_path, monkeypatch):
+    remote = f"{url}/metrics.jsonl"
+    local = tmp_path / "first.jsonl"
+    with MetricsUploader(str(local), remote, interval=3600, segment_bytes=100) as uploader:
+        for step in range(20):
+            append(local, {"step": step, "train/loss": 2.0})
+            if step == 3:
+                append(local, {"event": "spike", "step": 3})
+            uploader.upload()
+    fs = fsspec.filesystem("s3")
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed before the stale segments were deleted")
+
+    monkeypatch.setattr(fs, "rm", killed)  # fsspec hands every caller this one cached instance
+    with pytest.raises(KeyboardInterrupt):
+        begin_metrics(remote, str(tmp_path / "second.jsonl"), resumed_from=6)
+    monkeypatch.undo()
+    left = [json.loads(line)["step"] for line in _raw(remote).splitlines()]
+    assert max(left) == 19 and left.count(6) == 1  # the cut segment rewritten, the stale ones still there
+    begin_metrics(remote, str(tmp_path / "third.jsonl"), resumed_from=6)  # the next attempt
+    lines = [json.loads(line) for line in _raw(remote).splitlines()]
+    assert [r["step"] for r in lines if "event" not in r] == list(range(7))
+    assert [e["step"] for e in read_events(remote)] == [3]
 
 
 # -- the uploader ------------------------------------------------------------------------------------
@@ -128,18 +236,19 @@ def test_upload_sends_whole_lines_and_only_when_the_file_changed(url, tmp_path):
     local = tmp_path / "metrics.jsonl"
     remote = f"{url}/metrics.jsonl"
     uploader = MetricsUploader(str(local), remote, interval=3600)
-    assert not uploader.upload() and not exists(remote)  # no file yet: nothing to publish
+    assert not uploader.upload() and not _segments(remote)  # no file yet: nothing to publish
     append(local, {"step": 1, "train/loss": 3.0})
     with local.open("a") as f:
         f.write('{"step": 2, "train/lo')  # the tracker half-way through a line
     assert uploader.upload()
     assert [r["step"] for r in read_metrics(remote)] == [1]
-    assert cat(remote).endswith("}\n")
+    assert _raw(remote).endswith("}\n")
     assert not uploader.upload()  # unchanged since: no second request
     with local.open("a") as f:
         f.write('ss": 2.5}\n')
     assert uploader.upload() and uploader.uploads == 2
     assert [r["loss"] for r in read_metrics(remote)] == [3.0, 2.5]
+    assert not exists(remote)  # only segments: metrics.jsonl itself is never written
 
 
 def test_uploader_publishes_while_running_and_the_rest_when_closed(url, tmp_path):
@@ -166,14 +275,18 @@ def test_a_copy_already_published_is_uploaded_only_once_it_changes(url, tmp_path
     remote = f"{url}/metrics.jsonl"
     local = str(tmp_path / "metrics.jsonl")
     begin_metrics(remote, local, resumed_from=None)
-    write_file(remote, b'{"step": 1, "train/loss": 3.0}\n')  # meanwhile, the host whose tracker writes
+    writer = tmp_path / "writer.jsonl"  # meanwhile, the host whose tracker writes
+    append(writer, {"step": 1, "train/loss": 3.0})
+    MetricsUploader(str(writer), remote, interval=3600).close()
     # Another host of a TPU pod: its tracker is a no-op, so its copy never changes.
     with MetricsUploader(local, remote, interval=0.01, already_published=True) as uploader:
         assert not publish_metrics(local)
     assert uploader.uploads == 0 and [r["step"] for r in read_metrics(remote)] == [1]
-    with MetricsUploader(local, remote, interval=3600, already_published=True) as uploader:
-        append(Path(local), {"step": 2, "train/loss": 2.5})
-    assert uploader.uploads == 1 and [r["step"] for r in read_metrics(remote)] == [2]
+    # The writing host's next attempt learns which segment is open and appends to it.
+    with MetricsUploader(str(writer), remote, interval=3600, already_published=True) as uploader:
+        append(writer, {"step": 2, "train/loss": 2.5})
+    assert uploader.uploads == 1 and [r["step"] for r in read_metrics(remote)] == [1, 2]
+    assert list(_segments(remote)) == ["part-000000.jsonl"]
 
 
 def test_a_failed_run_still_publishes_its_metrics_and_keeps_its_own_error(url, tmp_path):
@@ -191,6 +304,8 @@ def test_a_failed_run_still_publishes_its_metrics_and_keeps_its_own_error(url, t
 def test_the_upload_interval_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match="interval must be positive, got 0"):
         MetricsUploader(str(tmp_path / "m.jsonl"), "s3://bucket/m.jsonl", interval=0)
+    with pytest.raises(ValueError, match="segment size must be positive, got 0"):
+        MetricsUploader(str(tmp_path / "m.jsonl"), "s3://bucket/m.jsonl", interval=1, segment_bytes=0)
 
 
 # -- the tracker with an s3:// step -----------------------------------------------------------------

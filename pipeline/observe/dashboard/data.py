@@ -44,7 +44,7 @@ from pipeline.observe.dashboard.records import (
     StepRow,
 )
 from pipeline.observe.live import runner_gone
-from pipeline.observe.metrics import METRICS_FILE, parse_events, parse_metrics
+from pipeline.observe.metrics import METRICS_DIR, METRICS_FILE, parse_events, parse_metrics, read_metrics_data
 from pipeline.storage.files import Storage, map_reads
 from pipeline.storage.layout import LOGS_DIR, is_label, is_payload, log_token, step_dir
 from pipeline.storage.manifests import list_manifests, list_run_records, manifest_dir, run_record_dir
@@ -321,11 +321,12 @@ def _number(value: Any) -> float | None:
 
 
 def read_metrics(storage: Storage, directory: str) -> Metrics | None:
-    """The step's metrics.jsonl merged per step (later lines win), or None if there is none.
+    """The step's metrics merged per step (later lines win), or None if it has none.
 
-    Lines are merged and aliased by `pipeline.observe.metrics`, the reader the training step uses.
+    Lines are merged and aliased by `pipeline.observe.metrics`, the reader the training step uses;
+    the segments of an output on object storage are read in order, as one file.
     """
-    data = storage.read(f"{directory}/{METRICS_FILE}")
+    data = read_metrics_data(directory, storage.read, storage.listdir)
     if data is None:
         return None
     ordered = parse_metrics(data.splitlines())
@@ -407,7 +408,7 @@ def read_step(store: StepStore, prefix: str, label: str, now: float | None = Non
     problems = []
     metrics = results = None
     report = recorded_report(record)
-    if METRICS_FILE in entries:
+    if METRICS_FILE in entries or METRICS_DIR in entries:
         metrics = read_metrics(storage, directory)
     # An evaluation's recorded report shows its table; results.json is read for runs recorded
     # before steps recorded their reports.

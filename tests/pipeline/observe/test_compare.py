@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import io
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -91,6 +93,18 @@ def test_a_sweep_gives_a_row_per_training_and_sorts(prefix):
     assert document["params"] == ["learning_rate"] and "task/prose/acc" in document["metrics"]
     curves = loss_curves(store, ordered)
     assert len(curves) == 3 and len(curves[0]["train"]) == 20 and [p[0] for p in curves[0]["eval"]] == [10]
+    # An output on object storage has the same lines in segments: the same curve.
+    out = Path(ordered[0].output_path)
+    lines = (out / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (out / "metrics").mkdir()
+    (out / "metrics" / "part-000000.jsonl").write_text("".join(lines[:7]))
+    (out / "metrics" / "part-000001.jsonl").write_text("".join(lines[7:]))
+    (out / "metrics.jsonl").rename(out / "moved.jsonl")
+    try:
+        assert loss_curves(store, ordered) == curves
+    finally:
+        (out / "moved.jsonl").rename(out / "metrics.jsonl")
+        shutil.rmtree(out / "metrics")
 
 
 def test_a_failed_or_unfinished_step_gives_no_row(tmp_path):

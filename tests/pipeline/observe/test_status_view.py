@@ -101,6 +101,14 @@ def test_progress_and_training_metrics_show_for_the_current_attempt(tmp_path):
     assert row.train_step == 299 and row.loss == 10.0 / 300
     assert os.path.getsize(os.path.join(b.output_path, "metrics.jsonl")) > 16 * 1024  # beyond the tail
     assert progress_text(row).startswith("████░░░░░░░░ 30%") and "300/1,000 steps" in progress_text(row)
+    # On object storage the same lines are in segments; a segment just opened holds no loss yet.
+    segments = os.path.join(b.output_path, "metrics")
+    os.makedirs(segments)
+    os.rename(os.path.join(b.output_path, "metrics.jsonl"), os.path.join(segments, "part-000000.jsonl"))
+    with open(os.path.join(segments, "part-000001.jsonl"), "w") as f:
+        f.write('{"step": 300, "train/lo')
+    (row,) = [r for r in read_status(entries, store, now=time.time(), local_host=me.host) if r.entry == b]
+    assert row.train_step == 299 and row.loss == 10.0 / 300
     # A later attempt of the same step does not show the earlier attempt's progress.
     store.release(b.output_path, me, token)
     store.acquire(b.output_path, me, TTL, attempt=2)

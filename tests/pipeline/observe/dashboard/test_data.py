@@ -127,6 +127,23 @@ def test_metrics_thinning_keeps_the_last_point_and_skips_torn_lines(tmp_path):
     assert all(v is None or math.isfinite(v) for v in metrics.loss)
 
 
+def test_a_step_on_object_storage_charts_its_segments_as_one_file(tmp_path):
+    step_dir = tmp_path / "train" / "seg-0123456789ab"
+    (step_dir / "metrics").mkdir(parents=True)
+    (step_dir / "metrics" / "part-000000.jsonl").write_text(
+        '{"step": 0, "loss": 3.0}\n{"step": 1, "loss": 2.0}\n'
+    )
+    (step_dir / "metrics" / "part-000001.jsonl").write_text(
+        '{"step": 2, "loss": 1.0}\n{"event": "spike", "step": 2}\n'
+    )
+    (step_dir / ".status").write_text("")
+    metrics = data.read_metrics(open_storage(str(tmp_path)), str(step_dir))
+    assert metrics is not None and metrics.steps == (0, 1, 2) and metrics.loss == (3.0, 2.0, 1.0)
+    assert [e["event"] for e in metrics.events] == ["spike"]
+    detail = data.read_step(store_of(str(tmp_path)), str(tmp_path), "train/seg-0123456789ab")
+    assert detail.metrics is not None and detail.metrics.total_steps == 3
+
+
 def test_a_followers_curve_is_read_and_a_malformed_one_ignored(tmp_path):
     step_dir = tmp_path / "eval" / "follow-0123456789ab"
     step_dir.mkdir(parents=True)
