@@ -3,7 +3,9 @@
 A step's output may be a local directory or a URL (`s3://`, `gs://`, `memory://`); every file a
 step writes goes through these helpers, so each step works on every prefix. Readers never see
 half a file: on local disk a file is written beside its destination and renamed into place, and
-an object store replaces an object whole.
+an object store replaces an object whole. An upload first checks the running attempt's lease
+(`step_events.check_lease`): the write fence sees file writes, not network requests, so an
+attempt that has lost its step must not replace the new owner's objects.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
+
+from pipeline import step_events
 
 __all__ = [
     "exists",
@@ -46,6 +50,8 @@ def write_file(path: str, data: bytes) -> None:
     """Replace the file at `path` (a path or URL) with `data`; its directory is created if needed."""
     fs, plain = fsspec.core.url_to_fs(path)
     if not isinstance(fs, LocalFileSystem):
+        # An upload is not a file write, so the write fence cannot see it: check the lease here.
+        step_events.check_lease(f"upload of {path}")
         fs.pipe_file(plain, data)  # object stores have no directories to create
         return
     fs.makedirs(posixpath.dirname(plain), exist_ok=True)

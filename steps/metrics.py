@@ -19,6 +19,8 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from pipeline import step_events
+from pipeline.errors import StepCancelled
 from pipeline.observe.metrics import (
     ALIASES,
     METRICS_DIR,
@@ -29,6 +31,7 @@ from pipeline.observe.metrics import (
     segment_index,
     segment_name,
 )
+from pipeline.storage.files import open_storage
 from steps.files import local_path, write_file
 
 logger = logging.getLogger(__name__)
@@ -187,6 +190,8 @@ def _store_lines(path: str, data: bytes) -> None:
         kept += 1
     rest = data[offset:]
     stale = files[kept:]
+    if rest or stale:
+        step_events.check_lease(f"rewrite of the metrics segments of {posixpath.dirname(path)}")
     if rest:
         target = stale.pop(0) if stale else f"{directory}/{METRICS_DIR}/{segment_name(_next_index(files))}"
         if isinstance(fs, LocalFileSystem):  # only tests keep "remote" metrics on local disk
@@ -218,7 +223,12 @@ class MetricsUploader:
     A crash between two uploads loses at most the lines of the last `interval` seconds; those are
     of steps after the last checkpoint (`MetricsCheckpointer` publishes before each one), which
     the resumed run computes again. Only whole lines are uploaded, so readers never see a line
-    being written.
+    being written. Each upload first checks the lease of the step attempt that built the
+    uploader (`step_events.lease_guard`): once it may have expired, nothing more is uploaded
+    (`LeaseExpired`), since another runner may own the output by then. And each write of a
+    segment is conditional on the segment holding what this uploader last wrote there (nothing,
+    for a new one; with `already_published`, what it held when the uploader was made): a newer
+    attempt that has rewritten it wins, and this one stops (`LeaseExpired`).
 
     With `already_published`, the file as it is now is taken to be what the segments hold (as
     after `begin_metrics`): the segments are listed once, to learn which one is open, and it is
@@ -254,6 +264,10 @@ class MetricsUploader:
         self.bytes_uploaded = 0
         """How many bytes those writes sent."""
         self._segments = f"{posixpath.dirname(remote)}/{METRICS_DIR}"  # a URL, like `remote`
+        # The step's lease, checked before each upload (from the uploader's thread too): an
+        # attempt that lost its step must not replace the new owner's segments.
+        self._guard = step_events.lease_guard()
+        self._storage = open_storage(self._segments)
         self._local_fs = fsspec.filesystem("file")
         self._lock = threading.Lock()
         self._uploaded: tuple[int, float] | None = None  # (size, mtime) of the file last uploaded
@@ -261,9 +275,13 @@ class MetricsUploader:
         # open segment, number `_open`.
         self._closed = 0
         self._open = 0
+        # What the open segment holds now, as this uploader knows it (None: it does not exist).
+        # Each write is conditional on it: see `upload`.
+        self._holds: bytes | None = None
         if already_published:
             self._uploaded = self._version()
             self._closed, self._open = self._layout(_published(remote))
+            self._holds = self._storage.read(self._target())
         self._wait = interval
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -293,16 +311,34 @@ class MetricsUploader:
             data = data[: data.rfind(b"\n") + 1]
             if not data:
                 return False
+            target = self._target()
+            self._guard(f"upload of {target}")
+            expected = self._holds
+
+            def replace(old: bytes | None) -> bytes | None:
+                return data if old == expected else None
+
+            # Conditional on the segment still holding what this uploader last put there: a
+            # check of the lease is not enough, since an upload that passed it just before the
+            # process froze is sent when it thaws. By then a newer attempt of the step has
+            # rewritten the open segment (a resume cuts it at its checkpoint, and its own
+            # uploads extend it), so the stale write is refused.
             started = time.monotonic()
-            write_file(f"{self._segments}/{segment_name(self._open)}", data)
+            if self._storage.update(target, replace) is None:
+                self._guard.lost(f"upload of {target}", "another attempt of this step has rewritten it")
             self._wait = max(self.interval, self.busy_factor * (time.monotonic() - started))
             self._uploaded = version
             self.uploads += 1
             self.bytes_uploaded += len(data)
+            self._holds = data
             if len(data) >= self.segment_bytes:
                 self._closed += len(data)
                 self._open += 1
+                self._holds = None
             return True
+
+    def _target(self) -> str:
+        return f"{self._segments}/{segment_name(self._open)}"
 
     def _version(self) -> tuple[int, float] | None:
         if not self._local_fs.exists(self.local):
@@ -332,6 +368,9 @@ class MetricsUploader:
         while not self._stop.wait(self._wait):
             try:
                 self.upload()
+            except StepCancelled as e:  # the lease is lost: nothing more may be uploaded
+                logger.warning("stopped uploading %s: %s", self.local, e)
+                return
             except Exception as e:  # a failed upload is retried at the next interval; close() raises
                 logger.warning("could not upload %s to %s (will retry): %s", self.local, self.remote, e)
 

@@ -574,6 +574,7 @@ def _upload_logs(local: str, remote: str) -> None:
     if not os.path.isdir(local):
         return
     try:
+        step_events.check_lease(f"upload of the logs to {remote}")  # not a file write: unfenced
         fs, plain = fsspec.core.url_to_fs(remote)
         fs.put(local.rstrip("/") + "/", plain, recursive=True)
     except Exception as e:

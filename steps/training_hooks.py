@@ -15,6 +15,7 @@ import functools
 import json
 import logging
 import math
+import os
 import posixpath
 import threading
 import time
@@ -35,7 +36,7 @@ from levanter.data.dataset import AsyncDataset
 from levanter.tracker.tracker import NoopTracker, Tracker, TrackerConfig
 
 from pipeline.run import step_events
-from steps.files import local_path, write_file
+from steps.files import exists, local_path, write_file
 from steps.metrics import (
     MetricsUploader,
     begin_metrics,
@@ -258,6 +259,12 @@ class MetricsCheckpointer(Checkpointer):
     every few seconds would lose them for good if the run died in between. The checkpoint's own
     step may log more after the save began (router statistics, evaluation): that is published when
     the checkpoint commits.
+
+    TensorStore writes checkpoints from native code, which the write fence cannot see, so each
+    save first checks the step's lease (`LeaseExpired`), and refuses a step whose complete
+    checkpoint exists but was not saved by this checkpointer (`LeaseExpired` too): an attempt
+    resumes after its latest complete checkpoint, so another attempt must have saved it, and
+    overwriting it could change the bytes a newer owner has committed.
     """
 
     metrics_path: str
@@ -268,13 +275,24 @@ class MetricsCheckpointer(Checkpointer):
         self, tree: Any, step: int, destination: str, commit_callback: Any = None, **kwargs: Any
     ) -> Any:
         _CHECKPOINTERS[self.metrics_path] = self
+        # TensorStore writes the checkpoint from native code, which the write fence cannot see:
+        # check the lease before handing it over, and never write over another attempt's save.
+        step_events.check_lease(f"the checkpoint of step {step}")
+        path = os.path.join(kwargs.get("base_path_override") or self.base_path, destination)
+        saved = self.__dict__.setdefault("_saved_here", set())
+        if int(step) not in saved and exists(os.path.join(path, "metadata.json")):
+            step_events.lease_lost(
+                f"the checkpoint of step {step} at {path}",
+                "another attempt of this step has saved it (this one lost its lease, or its clock is off)",
+            )
+        saved.add(int(step))
         publish_metrics(self.metrics_path)
 
         def committed() -> None:
             checkpoint_saved(self.metrics_path, int(step), time.time())
             try:
                 publish_metrics(self.metrics_path)
-            except Exception as e:  # the periodic uploads and the final one retry
+            except Exception as e:  # the periodic uploads and the final one retry (or stop: lease lost)
                 logger.warning("could not upload metrics after the checkpoint at step %s: %s", step, e)
             if commit_callback is not None:
                 commit_callback()

@@ -25,8 +25,10 @@ Hooks cannot be removed; outside a fence the hook returns at once, so a process 
 worker) is never left fenced after its step. What it cannot stop: uploads to object stores
 (network requests, not files), writes made by native code that bypasses Python's `open`/`os`
 (C++ libraries writing on their own), writes through a file that was opened before the
-deadline, and, in a Ray worker, a worker whose clock runs behind the clock of the runner that
-takes over by more than the lease's margin. A Ray worker on its driver's host also stops
+deadline. For the first two, code about to upload or hand data to native code checks the same
+deadline itself first (`current_fence`, `step_events.check_lease`). Nor can it stop, in a Ray
+worker, a worker whose clock runs behind the clock of the runner that takes over by more than
+the lease's margin. A Ray worker on its driver's host also stops
 writing as soon as the driver exits (a killed driver's worker lives on for a second or two,
 and a rerun on that host takes the step over at once); one on another host cannot see the
 driver and goes by the lease's expiry alone.
@@ -43,10 +45,19 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from pipeline.errors import StepCancelled
 
-__all__ = ["Fence", "LeaseExpired", "fenced_process", "fenced_thread", "install", "watch_lease"]
+__all__ = [
+    "Fence",
+    "LeaseExpired",
+    "current_fence",
+    "fenced_process",
+    "fenced_thread",
+    "install",
+    "watch_lease",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -93,11 +104,16 @@ class Fence:
         """Raise `LeaseExpired` if the lease may have expired; `what` names the write."""
         if self.remaining() > 0:
             return
+        self.trip(what, "the lease may have expired")
+
+    def trip(self, what: str, why: str) -> NoReturn:
+        """Refuse `what` for `why` (the step learnt it lost its lease some other way): the attempt
+        is then reported as one whose writes were refused, however it ends."""
         with self._lock:
             if self.refused is None:
                 self.refused = what
         step = f"step {self.label}: " if self.label else ""
-        raise LeaseExpired(f"{step}the lease may have expired; refused {what}")
+        raise LeaseExpired(f"{step}{why}; refused {what}")
 
 
 _THREAD_FENCE: contextvars.ContextVar[Fence | None] = contextvars.ContextVar("drydock_fence", default=None)
@@ -127,6 +143,22 @@ def _hook(event: str, args: tuple) -> None:
         fence = process[0]
     if _writes(event, args):
         fence.check(f"{event} {args[0]!r}")
+
+
+def current_fence() -> Fence | None:
+    """The fence over the calling thread's writes, or None where nothing is fenced.
+
+    For writes the audit hook cannot see (uploads, native writers): call `check` on it first. Capture
+    it in the step's thread to check it from threads the step starts (a local-backend step's threads
+    do not inherit its context).
+    """
+    fence = _THREAD_FENCE.get()
+    if fence is not None:
+        return fence
+    process = _process
+    if process is None or threading.get_ident() in process[1]:
+        return None
+    return process[0]
 
 
 def install() -> None:

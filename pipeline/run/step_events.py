@@ -7,6 +7,11 @@ never change a step's state. `progress(done, total, unit)` says how far the step
 `<output>/.progress` (at most every few seconds, and always once `done` reaches `total`), which
 `drydock status` shows from any machine that reads the prefix, and logs one line per 10% so that
 a console shows the step advancing without a wall of lines. Outside a step, both only log.
+
+`check_lease(what)` is for the writes the write fence cannot see: an upload to an object store,
+a checkpoint handed to a native writer. It raises `LeaseExpired` when the attempt's lease may
+have expired, as the fence does for a file write; `lease_guard()` captures the check in the
+step's thread for use from threads the step starts. Outside a step they do nothing.
 """
 
 from __future__ import annotations
@@ -19,9 +24,22 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
-__all__ = ["PROGRESS_INTERVAL", "StepContext", "bind", "current", "progress", "warn"]
+from pipeline.run.fence import Fence, LeaseExpired, current_fence
+
+__all__ = [
+    "PROGRESS_INTERVAL",
+    "LeaseGuard",
+    "StepContext",
+    "bind",
+    "check_lease",
+    "current",
+    "lease_guard",
+    "lease_lost",
+    "progress",
+    "warn",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +72,46 @@ def bind(context: StepContext) -> Iterator[None]:
 def current() -> StepContext | None:
     """The running step's context; capture it in the step's thread to use it from others."""
     return _CURRENT.get()
+
+
+@dataclass(frozen=True)
+class LeaseGuard:
+    """The lease checks of one step attempt, usable from any thread (`lease_guard`)."""
+
+    fence: Fence | None
+
+    def __call__(self, what: str) -> None:
+        """Raise `LeaseExpired` if the attempt's lease may have expired; `what` names the write."""
+        if self.fence is not None:
+            self.fence.check(what)
+
+    def lost(self, what: str, why: str) -> NoReturn:
+        """Stop the attempt, which has found out that another attempt owns its step (say, an
+        object it was about to replace was rewritten by someone else): raises `LeaseExpired`
+        and marks the attempt's fence, so that it is reported as a lost lease whatever it does
+        next."""
+        if self.fence is not None:
+            self.fence.trip(what, why)
+        raise LeaseExpired(f"{why}; refused {what}")
+
+
+def lease_guard() -> LeaseGuard:
+    """The running attempt's lease checks, captured in its thread to use from others later (an
+    uploader's thread, a checkpoint's commit callback). Outside a fenced step they do nothing
+    (`lost` still raises)."""
+    return LeaseGuard(current_fence())
+
+
+def check_lease(what: str) -> None:
+    """Raise `LeaseExpired` if the running attempt's lease may have expired; `what` names the write
+    about to happen (say, "upload of s3://b/x/metrics/part-000003.jsonl"). Call it before a write
+    the write fence cannot see. Outside a fenced step it does nothing."""
+    lease_guard()(what)
+
+
+def lease_lost(what: str, why: str) -> NoReturn:
+    """`LeaseGuard.lost` for the calling thread's attempt."""
+    lease_guard().lost(what, why)
 
 
 def warn(message: str, data: Mapping[str, Any] | None = None, context: StepContext | None = None) -> bool:

@@ -32,6 +32,7 @@ from pipeline.core.lease import Owner
 from pipeline.core.records import Event
 from pipeline.observe.render import format_preview
 from pipeline.run import step_events
+from pipeline.run.fence import Fence, LeaseExpired, fenced_thread
 from pipeline.storage.files import open_storage
 from pipeline.storage.step_store import StepStore
 from steps.checkpoints import checkpoint_to_evaluate
@@ -261,8 +262,9 @@ def test_uploader_publishes_while_running_and_the_rest_when_closed(url, tmp_path
             assert time.monotonic() < deadline, "no periodic upload"
             time.sleep(0.01)
         assert [r["step"] for r in read_metrics(remote)] == [1]
-    # A long interval: only close() can publish what is appended now.
-    with MetricsUploader(str(local), remote, interval=3600) as uploader:
+    # A long interval: only close() can publish what is appended now. (A later uploader of the
+    # same file continues what is published.)
+    with MetricsUploader(str(local), remote, interval=3600, already_published=True) as uploader:
         append(local, {"step": 2, "train/loss": 2.5})
         assert publish_metrics(str(local))  # what the checkpointer does, through the running uploader
         append(local, {"step": 3, "train/loss": 2.0})
@@ -365,6 +367,125 @@ def test_metrics_are_published_before_a_checkpoint_is_saved(url, tmp_path):
     assert _latest_step(f"{url}/nothing-here") == (None, None)
 
 
+# -- an attempt past its lease: what the write fence cannot see -------------------------------------
+
+
+def _files(root: Path | str) -> dict[str, tuple[bytes, float]]:
+    """Every file under `root` (a path or URL): its bytes and modification time."""
+    fs, plain = fsspec.core.url_to_fs(str(root))
+    fs.invalidate_cache()
+    found = {}
+    for path in fs.find(plain):
+        info = fs.info(path)
+        modified = info.get("mtime") or info.get("LastModified")
+        found[path] = (
+            fs.cat_file(path),
+            modified.timestamp() if hasattr(modified, "timestamp") else modified,
+        )
+    return found
+
+
+def test_an_attempt_past_its_lease_uploads_nothing(url, tmp_path):
+    remote = f"{url}/metrics.jsonl"
+    local = tmp_path / "metrics.jsonl"
+    left = [60.0]
+    fence = Fence(lambda: left[0], "train/x")
+    with fenced_thread(fence):
+        uploader = MetricsUploader(str(local), remote, interval=3600)
+        append(local, {"step": 1, "train/loss": 3.0})
+        assert uploader.upload()  # the lease is held
+        published = _files(url)
+        append(local, {"step": 2, "train/loss": 2.5})
+        left[0] = 0.0  # paused past the lease: another runner may own the output now
+        with pytest.raises(LeaseExpired, match=r"refused upload of s3://.*/metrics/part-000000\.jsonl"):
+            uploader.upload()
+        with pytest.raises(LeaseExpired, match=r"refused upload of s3://.*/summary\.json"):
+            write_file(f"{url}/summary.json", b"{}")
+        with pytest.raises(LeaseExpired, match="rewrite of the metrics segments"):
+            begin_metrics(remote, str(tmp_path / "again.jsonl"), resumed_from=None)
+    assert _files(url) == published
+
+
+def test_an_upload_that_passed_its_check_before_a_pause_cannot_replace_a_newer_attempts_segment(
+    url, tmp_path
+):
+    """The lease check and the upload are two moments: a process frozen between them sends the
+    upload when it thaws. The segment write is conditional, so the newer attempt's bytes win."""
+    remote = f"{url}/metrics.jsonl"
+    stale_file, newer_file = tmp_path / "stale.jsonl", tmp_path / "newer.jsonl"
+    stale = MetricsUploader(str(stale_file), remote, interval=3600)
+    append(stale_file, *({"step": s, "train/loss": 3.0} for s in range(4)))
+    assert stale.upload()
+    append(stale_file, {"step": 4, "train/loss": 3.0})  # logged, about to be uploaded: then frozen
+    # Meanwhile a newer attempt resumes from the checkpoint at step 2 and uploads its own lines.
+    begin_metrics(remote, str(newer_file), resumed_from=2)
+    newer = MetricsUploader(str(newer_file), remote, interval=3600, already_published=True)
+    append(newer_file, {"step": 3, "train/loss": 1.0})
+    assert newer.upload()
+    theirs = _segments(remote)
+    fence = Fence(lambda: 60.0, "train/x")  # its clock says the lease is still held
+    with fenced_thread(fence):
+        stale._guard = step_events.lease_guard()  # as if made in this (fenced) step thread
+        with pytest.raises(LeaseExpired, match="another attempt of this step has rewritten it"):
+            stale.upload()
+    assert fence.tripped and _segments(remote) == theirs
+    assert [r["loss"] for r in read_metrics(remote)] == [3.0, 3.0, 3.0, 1.0]
+
+
+def test_the_upload_thread_stops_once_the_lease_may_have_expired(url, tmp_path):
+    remote = f"{url}/metrics.jsonl"
+    local = tmp_path / "metrics.jsonl"
+    left = [60.0]
+    with fenced_thread(Fence(lambda: left[0], "train/x")):
+        uploader = MetricsUploader(str(local), remote, interval=0.02).start()
+    append(local, {"step": 1, "train/loss": 3.0})
+    deadline = time.monotonic() + 60
+    while uploader.uploads == 0:
+        assert time.monotonic() < deadline, "no periodic upload"
+        time.sleep(0.01)
+    left[0] = 0.0
+    append(local, {"step": 2, "train/loss": 2.5})
+    deadline = time.monotonic() + 60
+    while uploader._thread is not None and uploader._thread.is_alive():
+        assert time.monotonic() < deadline, "the upload thread kept going"
+        time.sleep(0.01)
+    assert [r["step"] for r in read_metrics(remote)] == [1]
+    with pytest.raises(LeaseExpired):
+        uploader.close()  # the last upload is refused too, and says why
+
+
+def test_a_checkpoint_is_not_handed_to_tensorstore_past_the_lease_nor_over_another_attempts(tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    metrics = str(tmp_path / "metrics.jsonl")
+    save_checkpoint(str(checkpoints), 5, metrics)  # the new owner's checkpoint
+    theirs = _files(checkpoints)
+    left = [0.0]
+    # A stale attempt resumed after its lease expired: its next checkpoint is refused before
+    # TensorStore writes a byte.
+    with (
+        fenced_thread(Fence(lambda: left[0], "train/x")),
+        pytest.raises(LeaseExpired, match="checkpoint of step 6"),
+    ):
+        save_checkpoint(str(checkpoints), 6, metrics)
+    # Its clock says the lease is still held (skew), but another attempt saved this step: refused,
+    # and the attempt is marked as one whose writes were refused.
+    left[0] = 60.0
+    fence = Fence(lambda: left[0], "train/x")
+    with fenced_thread(fence), pytest.raises(LeaseExpired, match="another attempt of this step has saved it"):
+        save_checkpoint(str(checkpoints), 5, metrics)
+    assert fence.tripped
+    assert _files(checkpoints) == theirs
+    # The same attempt may save one step twice (Levanter's forced final save after an interval one).
+    config = MetricsCheckpointerConfig(
+        metrics_path=metrics, base_path=str(checkpoints), append_run_id_to_base_path=False, keep=None
+    )
+    checkpointer = config.create("test")
+    for _ in range(2):
+        checkpointer.save_checkpoint({"w": jnp.arange(4.0)}, 7, "step-7")
+        checkpointer.wait_until_finished()
+    assert _latest_step(str(checkpoints)) == (str(checkpoints / "step-7"), 7)
+
+
 def test_evaluate_finds_checkpoints_and_writes_its_files_by_url(url, tmp_path):
     train, output = f"{url}/train", f"{url}/evaluate"
     save_checkpoint(f"{train}/checkpoints", 2, str(tmp_path / "unused.jsonl"))
@@ -449,6 +570,74 @@ def test_an_experiment_on_s3_trains_resumes_after_a_kill_and_evaluates(s3_env, t
     # attempt's is left.
     assert list(cwd.iterdir()) == []
     assert len(list(scratch.iterdir())) == 1
+
+
+@pytest.mark.slow
+def test_a_training_runner_paused_past_its_lease_changes_no_byte_of_the_new_owners_output(s3_env, tmp_path):
+    """SIGSTOP a runner after its first checkpoint, let a second take the step over and finish,
+    then SIGCONT the first: its training resumes where it stopped, and every upload and checkpoint
+    save it then tries is refused, so the new owner's objects stay as they were."""
+    steps = 30
+    prefix = f"s3://{BUCKET}/paused-{uuid.uuid4().hex[:12]}"
+    exp = tmp_path / "exp.py"
+    # Uploads every second: the paused runner has lines to upload when it resumes.
+    text = EXPERIMENT.format(root=str(ROOT), model=dict(QWEN), optimizer=dict(name="adamw"), steps=steps)
+    exp.write_text(
+        text.replace("router_stats_interval=5)", "router_stats_interval=5, metrics_upload_seconds=1)")
+    )
+    env = {**os.environ, **s3_env, "PYTHONPATH": str(ROOT), "DRYDOCK_SCRATCH": str(tmp_path / "scratch")}
+    env["RAY_AUTH_MODE"] = "disabled"
+    leases = ["--lease_timeout", "5", "--heartbeat_interval", "1", "--wait_poll_interval", "0.5"]
+    command = [
+        sys.executable,
+        "-m",
+        "pipeline",
+        "run",
+        str(exp),
+        "--prefix",
+        prefix,
+        "--backend",
+        "local",
+        *leases,
+    ]
+
+    paused = subprocess.Popen(
+        command, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    stderr: list[bytes] = []
+    reader = threading.Thread(target=lambda: stderr.append(paused.stderr.read()), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 900
+    while not glob(f"{prefix}/train/test-*/checkpoints/step-10/metadata.json"):
+        assert paused.poll() is None, b"".join(stderr)[-3000:].decode(errors="replace")
+        assert time.monotonic() < deadline, "no checkpoint at step 10"
+        time.sleep(0.1)
+    paused.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(6)  # past its lease
+        owner = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+        assert owner.returncode == 0, owner.stderr[-3000:]
+        (train,) = [p for p in glob(f"{prefix}/train/test-*") if not p.endswith(".json")]
+        outcome = json.loads(cat(f"{train}/train_result.json"))
+        assert outcome["resumed_from_step"] >= 10 and outcome["final_step"] == steps - 1
+        committed = {
+            p: v for p, v in _files(train).items() if posixpath.basename(p) not in {".lease", ".progress"}
+        }
+        assert any("/checkpoints/step-" in p for p in committed) and any(
+            "/metrics/part-" in p for p in committed
+        )
+    finally:
+        paused.send_signal(signal.SIGCONT)
+    paused.wait(300)
+    reader.join(30)
+    log = b"".join(stderr).decode(errors="replace")
+    assert "lease" in log, log[-3000:]  # it learnt that it had lost the step
+    after = {p: v for p, v in _files(train).items() if posixpath.basename(p) not in {".lease", ".progress"}}
+    assert after == committed, sorted(
+        p for p in set(after) | set(committed) if after.get(p) != committed.get(p)
+    )
+    records = read_metrics(f"{train}/metrics.jsonl")
+    assert [r["step"] for r in records if "loss" in r] == list(range(2, steps))  # each step once
 
 
 def test_the_scaling_fit_reads_its_evaluations_and_writes_its_files_by_url(url, tmp_path):

@@ -162,6 +162,42 @@ def test_a_process_fence_covers_threads_started_inside_it_but_not_those_already_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["after", "host"]
 
 
+def test_check_lease_guards_writes_the_hook_cannot_see_in_the_threads_the_step_chooses():
+    from pipeline.run import step_events
+    from pipeline.run.fence import current_fence
+
+    left = [5.0]
+    fence = Fence(lambda: left[0], "train/x")
+    step_events.check_lease("upload of s3://b/x")  # outside a fence: nothing to check
+    assert current_fence() is None
+    with fenced_thread(fence):
+        assert current_fence() is fence
+        step_events.check_lease("upload of s3://b/x")  # time left
+        guard = step_events.lease_guard()  # captured in the step's thread...
+        assert _in_thread(lambda: step_events.check_lease("unseen")) is None  # (a new thread has no fence)
+        left[0] = 0.0
+        raised = _in_thread(
+            lambda: guard("upload of s3://b/x/metrics/part-000001.jsonl")
+        )  # ...checked in another
+        assert isinstance(raised, LeaseExpired)
+        assert "train/x: the lease may have expired; refused upload of s3://b/x/metrics" in str(raised)
+    assert fence.refused == "upload of s3://b/x/metrics/part-000001.jsonl"
+    with fenced_process(Fence(lambda: 5.0)) as process_fence:
+        assert current_fence() is process_fence
+        assert _in_thread(lambda: None) is None and _in_thread(current_fence) is None  # returns, not raises
+
+
+def test_lease_lost_marks_the_fence_so_the_attempt_is_reported_lost_however_it_ends():
+    from pipeline.run import step_events
+
+    fence = Fence(lambda: 60.0, "train/x")  # the deadline has not passed: the step found out otherwise
+    with fenced_thread(fence), pytest.raises(LeaseExpired, match="another attempt saved it; refused ckpt 9"):
+        step_events.lease_lost("ckpt 9", "another attempt saved it")
+    assert fence.tripped and fence.refused == "ckpt 9"
+    with pytest.raises(LeaseExpired, match="outside; refused w"):  # no fence: still stops the caller
+        step_events.lease_lost("w", "outside")
+
+
 def _try(fn) -> BaseException | None:
     try:
         fn()
