@@ -11,12 +11,22 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["LeaseRecord", "Owner", "host_id", "is_stale", "pid_alive", "process_start_time"]
+__all__ = [
+    "CLOCK_SKEW",
+    "LeaseRecord",
+    "LeaseWatch",
+    "Owner",
+    "host_id",
+    "is_stale",
+    "pid_alive",
+    "process_start_time",
+]
 
 
 def _boot_id() -> str:
@@ -162,17 +172,57 @@ class LeaseRecord:
         return f"run {self.run_id} (pid {self.pid} on {self.host.split('/')[0]})"
 
 
+CLOCK_SKEW = 60.0
+"""Seconds by which two runners' clocks may differ (the default of `--clock_skew`)."""
+
+
 def is_stale(
     lease: LeaseRecord | None,
     now: float,
     local_host: str,
     alive: Callable[[int, str | None], bool] = pid_alive,
+    *,
+    skew: float = 0.0,
 ) -> bool:
     """Whether a new runner may take this lease over.
 
-    Stale when absent, released, expired, or owned by a process on this very host that no longer
-    exists: a run killed on this machine never makes the next run wait for its timeout.
+    Stale when absent, released, expired more than `skew` seconds ago by the reader's clock
+    `now`, or owned by a process on this very host that no longer exists: a run killed on this
+    machine never makes the next run wait for its timeout. `expires` was written with the
+    holder's clock: a reader whose clock is ahead by up to `skew` never takes a live lease (a
+    waiting runner also judges by watching the lease stop changing, which needs no clock: see
+    `LeaseWatch`).
     """
-    if lease is None or lease.released or now >= lease.expires:
+    if lease is None or lease.released or now >= lease.expires + skew:
         return True
     return lease.host == local_host and not alive(lease.pid, lease.pid_start)
+
+
+class LeaseWatch:
+    """Decides that a lease is stale by watching it stop changing, on the watcher's own clock.
+
+    A live holder rewrites its lease at every heartbeat, and a heartbeat comes more often than
+    the lease timeout. So a lease that a runner has seen unchanged for `timeout` seconds of its
+    own monotonic clock belongs to a holder that is dead or frozen, however the two machines'
+    wall clocks differ. (Runners sharing a prefix are assumed to use the same lease settings.)
+    """
+
+    def __init__(self, timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.timeout = timeout
+        self._clock = clock
+        self._seen: dict[str, tuple[LeaseRecord, float]] = {}
+
+    def unchanged(self, key: str, lease: LeaseRecord | None) -> bool:
+        """Record a look at `key`'s lease; whether it has stayed exactly `lease` for `timeout`."""
+        now = self._clock()
+        if lease is None:
+            self._seen.pop(key, None)
+            return False
+        seen = self._seen.get(key)
+        if seen is None or seen[0] != lease:
+            self._seen[key] = (lease, now)
+            return False
+        return now - seen[1] >= self.timeout
+
+    def forget(self, key: str) -> None:
+        self._seen.pop(key, None)

@@ -21,7 +21,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pipeline.core.lease import is_stale, pid_alive
+from pipeline.core.lease import CLOCK_SKEW, is_stale, pid_alive
 from pipeline.core.records import Event
 from pipeline.errors import StepDeclarationError, StorageError
 from pipeline.storage.files import Storage
@@ -218,7 +218,9 @@ def _inspect(
     if state == Event.RUNNING:
         return "RUNNING", state, when
     lease = record.lease if record.lease is not None else store.lease(path)
-    if lease is not None and not is_stale(lease, now, local_host):
+    # With the clock-skew allowance a run uses before taking a lease over: a lease that looks
+    # expired by a few seconds may be a live runner's whose clock is behind ours.
+    if lease is not None and not is_stale(lease, now, local_host, skew=CLOCK_SKEW):
         return f"leased by {lease.describe()}", state, when
     return "", state, when
 

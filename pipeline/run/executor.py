@@ -26,7 +26,7 @@ from typing import Any
 
 from pipeline.core.dag import fn_import_path, resolved_config
 from pipeline.core.drift import listing_digest
-from pipeline.core.lease import Owner, is_stale
+from pipeline.core.lease import CLOCK_SKEW, LeaseRecord, LeaseWatch, Owner, is_stale
 from pipeline.core.plan import Plan, State
 from pipeline.core.records import Event
 from pipeline.core.report import RunReport, StepOutcome
@@ -55,6 +55,9 @@ class ExecutionOptions:
     heartbeat_interval: float = 30.0
     wait_poll_interval: float = 2.0
     """How often steps held by another runner are checked."""
+    clock_skew: float = CLOCK_SKEW
+    """Seconds by which runners' clocks may differ: a lease is taken over by its `expires` only
+    that long after it, or once this runner has watched it stay unchanged for `lease_timeout`."""
     cancel_grace: float = 10.0
     """After Ctrl-C, how long to wait for running steps to record CANCELLED."""
     run_info: Mapping[str, Any] = field(default_factory=dict)
@@ -126,6 +129,10 @@ class _Execution:
             label: StepOutcome(state=sp.state) for label, sp in plan.steps.items()
         }
         self.lost: set[str] = set()
+        # Leases of waiting steps, watched on this runner's own clock (`LeaseWatch`), and the
+        # records found stale that way, which the retry may take over.
+        self.watch = LeaseWatch(options.lease_timeout)
+        self.stale_leases: dict[str, LeaseRecord] = {}
         self.failures: dict[str, int] = {}
         self.preemptions: dict[str, int] = {}
         # With --force, RUNNING may follow the SUCCESS seen at plan time, but not a newer one.
@@ -231,8 +238,16 @@ class _Execution:
                 logger.warning("cannot read the status of %s: %s", label, e)
                 continue
             if record.succeeded:
+                self.watch.forget(label)
                 self._handle(_Event(label, Ending.DONE_ELSEWHERE))
-            elif is_stale(record.lease, self.clock(), self.owner.host):
+                continue
+            unchanged = self.watch.unchanged(label, record.lease)
+            if unchanged or is_stale(
+                record.lease, self.clock(), self.owner.host, skew=self.options.clock_skew
+            ):
+                if unchanged and record.lease is not None:
+                    self.stale_leases[label] = record.lease
+                self.watch.forget(label)
                 self.report(label, "TAKEOVER", "its runner stopped; running it here")
                 self.lost.discard(label)
                 self.state.mark_retry(label)
@@ -288,6 +303,8 @@ class _Execution:
             self.options.lease_timeout,
             rerun_after=self.rerun_after.get(label),
             attempt=attempt,
+            skew=self.options.clock_skew,
+            stale=self.stale_leases.pop(label, None),
         )
         if isinstance(taken, AlreadyDone):
             return _Event(label, Ending.DONE_ELSEWHERE)

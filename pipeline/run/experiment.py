@@ -148,6 +148,7 @@ def run_experiment(
         lease_timeout=config.lease_timeout,
         heartbeat_interval=config.heartbeat_interval,
         wait_poll_interval=config.wait_poll_interval,
+        clock_skew=config.clock_skew,
         run_info={"experiment": name, "manifest": path, **env},
     )
     # The DAG, the plan and the manifest live as long as the run: the collector need not scan

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pipeline.core.lease import CLOCK_SKEW
 from pipeline.errors import StepDeclarationError
 from pipeline.run.backends import REGISTRY
 
@@ -75,6 +76,10 @@ class ExecutorMainConfig:
     """Seconds between lease renewals."""
     wait_poll_interval: float = 2.0
     """Seconds between checks of steps that another runner is running."""
+    clock_skew: float = CLOCK_SKEW
+    """Seconds by which the clocks of runners sharing the prefix may differ. A step another
+    runner holds is taken over once its lease has been seen unchanged for --lease_timeout (this
+    runner's own clock), or once it expired more than this long ago by this runner's clock."""
     experiment: str | None = None
     """Experiment name for the manifest (default: the experiment file's name)."""
     log_level: str = "INFO"
@@ -108,6 +113,8 @@ def validate_options(config: ExecutorMainConfig) -> None:
         raise StepDeclarationError(None, "must be at least 1", field="--max_concurrent")
     if config.lease_timeout <= 0 or config.heartbeat_interval <= 0:
         raise StepDeclarationError(None, "must be positive", field="--lease_timeout/--heartbeat_interval")
+    if config.clock_skew < 0:
+        raise StepDeclarationError(None, "must be zero or more", field="--clock_skew")
     if config.wait_poll_interval <= 0:
         raise StepDeclarationError(None, "must be positive", field="--wait_poll_interval")
     if logging.getLevelName(config.log_level.upper()) not in (10, 20, 30, 40, 50):

@@ -200,11 +200,15 @@ class StepStore:
         *,
         rerun_after: int | None = None,
         attempt: int = 1,
+        skew: float = 0.0,
+        stale: LeaseRecord | None = None,
     ) -> Acquired | Held | AlreadyDone:
         """Take the step's lease and record RUNNING, or say who holds it / that it is done.
 
         `rerun_after`: with `--force`, the number of status events seen at plan time; RUNNING may
         then follow a SUCCESS only if no event was added since (one forced rerun, not one per runner).
+        A lease held by another runner is taken over if `is_stale` with `skew` says so, or if it
+        is still exactly `stale`, a record the caller has watched stay unchanged (`LeaseWatch`).
         """
         status_path = f"{step_dir}/{STATUS}"
         raw = self.storage.read(status_path)
@@ -224,7 +228,7 @@ class StepStore:
         def take(old: bytes | None) -> bytes | None:
             outcome.clear()  # `update` may call this again after losing a race: last call wins
             current = LeaseRecord.parse(old)
-            if not is_stale(current, now, owner.host):
+            if not is_stale(current, now, owner.host, skew=skew) and (stale is None or current != stale):
                 outcome["held"] = current
                 return None
             token = max(current.token if current else 0, seen_token) + 1
