@@ -183,19 +183,22 @@ def is_stale(
     alive: Callable[[int, str | None], bool] = pid_alive,
     *,
     skew: float = 0.0,
+    trust_pid: bool = True,
 ) -> bool:
     """Whether a new runner may take this lease over.
 
     Stale when absent, released, expired more than `skew` seconds ago by the reader's clock
     `now`, or owned by a process on this very host that no longer exists: a run killed on this
-    machine never makes the next run wait for its timeout. `expires` was written with the
+    machine never makes the next run wait for its timeout. Not `trust_pid` when the holder's
+    step may be running in a worker on another host (`RunningData.remote_workers`), which can
+    outlive the holder's process: such a lease is stale only once it expires. `expires` was written with the
     holder's clock: a reader whose clock is ahead by up to `skew` never takes a live lease (a
     waiting runner also judges by watching the lease stop changing, which needs no clock: see
     `LeaseWatch`).
     """
     if lease is None or lease.released or now >= lease.expires + skew:
         return True
-    return lease.host == local_host and not alive(lease.pid, lease.pid_start)
+    return trust_pid and lease.host == local_host and not alive(lease.pid, lease.pid_start)
 
 
 class LeaseWatch:
@@ -212,8 +215,9 @@ class LeaseWatch:
         self._clock = clock
         self._seen: dict[str, tuple[LeaseRecord, float]] = {}
 
-    def unchanged(self, key: str, lease: LeaseRecord | None) -> bool:
-        """Record a look at `key`'s lease; whether it has stayed exactly `lease` for `timeout`."""
+    def unchanged(self, key: str, lease: LeaseRecord | None, extra: float = 0.0) -> bool:
+        """Record a look at `key`'s lease; whether it has stayed exactly `lease` for `timeout`
+        (plus `extra` seconds)."""
         now = self._clock()
         if lease is None:
             self._seen.pop(key, None)
@@ -222,7 +226,7 @@ class LeaseWatch:
         if seen is None or seen[0] != lease:
             self._seen[key] = (lease, now)
             return False
-        return now - seen[1] >= self.timeout
+        return now - seen[1] >= self.timeout + extra
 
     def forget(self, key: str) -> None:
         self._seen.pop(key, None)

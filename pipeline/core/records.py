@@ -20,11 +20,13 @@ from pipeline.errors import StorageError
 
 __all__ = [
     "NOTES",
+    "REMOTE_WORKERS",
     "Event",
     "StatusEvent",
     "StepRecord",
     "complete_lines",
     "last_state",
+    "may_outlive_runner",
     "parse_status",
 ]
 
@@ -202,3 +204,20 @@ class StepRecord:
     def attempts(self) -> int:
         """RUNNING events recorded: attempts started, over all runs."""
         return sum(1 for e in self.events if e.event == Event.RUNNING)
+
+
+REMOTE_WORKERS = "remote_workers"
+"""The `RUNNING` event's data key saying the attempt's step runs in workers that may be on
+another host than its runner (a Ray cluster), so they may outlive the runner's process."""
+
+
+def may_outlive_runner(events: tuple[StatusEvent, ...], lease: LeaseRecord | None) -> bool:
+    """Whether the attempt holding `lease` runs its step where it may outlive its runner: its
+    `RUNNING` event says `remote_workers`. Then a dead runner's process does not make its lease
+    stale (`is_stale(trust_pid=False)`): the lease must expire, which also fences the workers."""
+    if lease is None:
+        return False
+    for event in reversed(events):
+        if event.event == Event.RUNNING and event.token == lease.token:
+            return event.data.get(REMOTE_WORKERS) is True
+    return False

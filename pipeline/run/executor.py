@@ -28,7 +28,7 @@ from pipeline.core.dag import fn_import_path, resolved_config
 from pipeline.core.drift import listing_digest
 from pipeline.core.lease import CLOCK_SKEW, LeaseRecord, LeaseWatch, Owner, is_stale
 from pipeline.core.plan import Plan, State
-from pipeline.core.records import Event
+from pipeline.core.records import Event, may_outlive_runner
 from pipeline.core.report import RunReport, StepOutcome
 from pipeline.core.run_state import RunState
 from pipeline.errors import StepCancelled, StepFailed, StepPreempted
@@ -241,9 +241,19 @@ class _Execution:
                 self.watch.forget(label)
                 self._handle(_Event(label, Ending.DONE_ELSEWHERE))
                 continue
-            unchanged = self.watch.unchanged(label, record.lease)
+            # A step whose workers may be on other hosts outlives a dead runner's process until
+            # its lease expires (the workers' fence), and they compare `expires` with their own
+            # clocks: then the watch waits the clock-skew margin too.
+            remote = may_outlive_runner(record.events, record.lease)
+            unchanged = self.watch.unchanged(
+                label, record.lease, extra=self.options.clock_skew if remote else 0.0
+            )
             if unchanged or is_stale(
-                record.lease, self.clock(), self.owner.host, skew=self.options.clock_skew
+                record.lease,
+                self.clock(),
+                self.owner.host,
+                skew=self.options.clock_skew,
+                trust_pid=not remote,
             ):
                 if unchanged and record.lease is not None:
                     self.stale_leases[label] = record.lease
@@ -305,6 +315,7 @@ class _Execution:
             attempt=attempt,
             skew=self.options.clock_skew,
             stale=self.stale_leases.pop(label, None),
+            remote_workers=self.backend.remote_workers,
         )
         if isinstance(taken, AlreadyDone):
             return _Event(label, Ending.DONE_ELSEWHERE)

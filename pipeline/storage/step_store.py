@@ -32,11 +32,13 @@ from typing import Any, TypeVar
 from pipeline.core.lease import LeaseRecord, Owner, is_stale
 from pipeline.core.records import (
     NOTES,
+    REMOTE_WORKERS,
     Event,
     StatusEvent,
     StepRecord,
     complete_lines,
     last_state,
+    may_outlive_runner,
     parse_status,
 )
 from pipeline.errors import StorageAccessDenied, StorageError
@@ -202,6 +204,7 @@ class StepStore:
         attempt: int = 1,
         skew: float = 0.0,
         stale: LeaseRecord | None = None,
+        remote_workers: bool = False,
     ) -> Acquired | Held | AlreadyDone:
         """Take the step's lease and record RUNNING, or say who holds it / that it is done.
 
@@ -209,6 +212,8 @@ class StepStore:
         then follow a SUCCESS only if no event was added since (one forced rerun, not one per runner).
         A lease held by another runner is taken over if `is_stale` with `skew` says so, or if it
         is still exactly `stale`, a record the caller has watched stay unchanged (`LeaseWatch`).
+        `remote_workers`: the caller's backend may run the step on another host, where it can
+        outlive the caller (recorded in `RUNNING`; see `may_outlive_runner`).
         """
         status_path = f"{step_dir}/{STATUS}"
         raw = self.storage.read(status_path)
@@ -228,7 +233,10 @@ class StepStore:
         def take(old: bytes | None) -> bytes | None:
             outcome.clear()  # `update` may call this again after losing a race: last call wins
             current = LeaseRecord.parse(old)
-            if not is_stale(current, now, owner.host, skew=skew) and (stale is None or current != stale):
+            trust_pid = not may_outlive_runner(events, current)
+            if not is_stale(current, now, owner.host, skew=skew, trust_pid=trust_pid) and (
+                stale is None or current != stale
+            ):
                 outcome["held"] = current
                 return None
             token = max(current.token if current else 0, seen_token) + 1
@@ -249,7 +257,10 @@ class StepStore:
             current = parse_status(old, status_path)
             if self._done(current, rerun_after) or any(e.token >= token for e in current):
                 return None
-            event = StatusEvent(Event.RUNNING, token, self.clock(), owner.run_id, data={"attempt": attempt})
+            data: dict[str, Any] = {"attempt": attempt}
+            if remote_workers:
+                data[REMOTE_WORKERS] = True
+            event = StatusEvent(Event.RUNNING, token, self.clock(), owner.run_id, data=data)
             return complete_lines(old) + event.dump()
 
         if self.storage.update(status_path, start) is None:

@@ -58,6 +58,10 @@ class Backend(abc.ABC):
     (threads of the executor's process) and `ray`."""
 
     name: str = "backend"
+    remote_workers: bool = False
+    """Whether step functions may run on another host than the executor: then they can outlive
+    a killed executor for a while, and its steps are taken over only once their leases expire
+    (recorded in each `RUNNING` event; see `pipeline.core.records.may_outlive_runner`)."""
 
     @classmethod
     @abc.abstractmethod

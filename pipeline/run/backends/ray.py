@@ -169,6 +169,12 @@ class RayBackend(Backend):
                     **kwargs,
                 )
             self._owns_ray = True
+        # A private instance's workers run on this host, where they close their fence as soon as
+        # the driver exits (`pipeline.run.worker`); a cluster's may be anywhere (it may grow, so
+        # an address counts as a cluster). An instance started before us: by its nodes now.
+        self.remote_workers = bool(self._address) or (
+            not self._owns_ray and sum(1 for n in ray.nodes() if n.get("Alive")) > 1
+        )
         self._remote = ray.remote(_call_step)
         self._remote_fresh = ray.remote(max_calls=1)(_call_step)
         self._lock = threading.Lock()

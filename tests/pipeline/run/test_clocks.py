@@ -131,3 +131,28 @@ def test_a_runner_60s_ahead_does_not_take_a_just_dead_runners_step_early(tmp_pat
     report = _runner(step, prefix, 60.0, 60.0, [])
     assert report.ok
     assert (tmp_path / "calls" / "sleep.calls").stat().st_mtime >= ran_out - 0.05
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_a_killed_runners_step_waits_for_its_lease_only_if_its_workers_may_be_elsewhere(tmp_path, remote):
+    """A dead process on this host frees its lease at once, unless its step ran on a Ray cluster,
+    where a worker on another host outlives it until the lease expires (its fence)."""
+    import multiprocessing
+    import os
+
+    step, prefix = _step(tmp_path, seconds=0.1), tmp_path / "prefix"
+    dag, store, _ = prepare([step], ExecutorMainConfig(prefix=str(prefix), backend="local"))
+    (node,) = dag.nodes.values()
+    proc = multiprocessing.get_context("fork").Process(target=os._exit, args=(0,))
+    proc.start()
+    proc.join()
+    dead = Owner("deadbeef0000", host_id(), proc.pid, None)
+    store.acquire(node.output_path, dead, LEASE, remote_workers=remote)
+    ran_out = time.time() + LEASE
+    report = _runner(step, prefix, 0.0, 0.5, [])
+    started = (tmp_path / "calls" / "sleep.calls").stat().st_mtime
+    assert report.ok and calls(str(tmp_path / "calls"), "sleep") == 1
+    if remote:
+        assert started >= ran_out  # after the lease (and so the workers' fence) ran out
+    else:
+        assert started < ran_out - 0.5  # at once

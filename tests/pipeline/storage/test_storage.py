@@ -136,6 +136,25 @@ def test_lease_of_a_dead_process_on_this_host_is_stale_at_once(store, step_dir):
     assert store.acquire(step_dir, me, ttl=60) == Acquired(2)
 
 
+def test_a_dead_runner_whose_workers_may_be_elsewhere_is_taken_over_only_once_its_lease_expires(
+    store, step_dir, clock
+):
+    """A runner on a Ray cluster is killed: its workers on other hosts live on until their fence
+    closes at the lease's expiry, so its process being gone does not free the step."""
+    ctx = multiprocessing.get_context("fork")
+    proc = ctx.Process(target=os._exit, args=(0,))
+    proc.start()
+    proc.join()
+    me = Owner.current()
+    dead = Owner("deadbeef0000", me.host, proc.pid, None)
+    assert store.acquire(step_dir, dead, ttl=60, remote_workers=True) == Acquired(1)
+    (running,) = store.events(step_dir)
+    assert running.data == {"attempt": 1, "remote_workers": True}
+    assert isinstance(store.acquire(step_dir, me, ttl=60), Held)  # its pid is gone, its lease is not
+    clock.now += 60
+    assert store.acquire(step_dir, me, ttl=60) == Acquired(2)
+
+
 def test_partial_last_status_line_is_ignored_and_corruption_is_reported(tmp_path):
     good = b'{"event": "RUNNING", "token": 1, "time": 1.0}\n'
     assert [e.event for e in parse_status(good + b'{"event": "SUC')] == [Event.RUNNING]

@@ -271,6 +271,12 @@ def test_killed_node_is_preempted_and_the_step_retried_elsewhere(cluster, tmp_pa
     (step_dir,) = prefix.glob("long/preempt-*")
     events = StepStore(LocalStorage()).events(str(step_dir))
     assert [e.event for e in events] == [Event.RUNNING, Event.PREEMPTED, Event.RUNNING, Event.SUCCESS]
+    # On a cluster the step may run on another host than the driver: a rerun after the driver is
+    # killed waits for the lease to expire rather than trusting the driver's pid alone.
+    assert [e.data for e in events if e.event == Event.RUNNING] == [
+        {"attempt": 1, "remote_workers": True},
+        {"attempt": 2, "remote_workers": True},
+    ]
     hosts = probes(step_dir)
     assert len(hosts) == 1
     assert len(wait_for_lines(pid_file, 2)) == 2
