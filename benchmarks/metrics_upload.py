@@ -15,6 +15,11 @@ logs) at `--step-seconds` per step, at several points of the run (`--at`, a step
                first (as the run would have), then `--hours` hours of lines are appended and
                uploaded at every interval, and the bytes it sent are counted (`bytes_uploaded`).
 
+Then it reads each row's segments back and times it: `steps.metrics.read_metrics` and the
+dashboard's chart (reading and parsing every line), and the bytes alone three ways (one GET
+after another, parallel GETs as the dashboard and `compare` do, fsspec's concurrent `cat` as
+the step library does).
+
 moto runs on the same two cores: upload times are about this machine, not about S3. The byte
 counts do not depend on the server. Figures only: nothing is asserted.
 """
@@ -40,8 +45,11 @@ import uuid
 
 import fsspec
 
+from pipeline.observe.dashboard.data import read_metrics as dashboard_metrics
+from pipeline.observe.metrics import read_metrics_data
+from pipeline.storage.files import map_reads, open_storage
 from steps.files import write_file
-from steps.metrics import SEGMENT_BYTES, MetricsUploader, read_metrics
+from steps.metrics import SEGMENT_BYTES, MetricsUploader, _read_lines, read_metrics
 from tests.s3server import moto_s3, s3_environment
 
 BUCKET = "drydock-metrics-bench"
@@ -135,9 +143,30 @@ def segments(
     fs = fsspec.filesystem("s3")
     fs.invalidate_cache()
     count = len(fs.ls(remote.removeprefix("s3://").rsplit("/", 1)[0] + "/metrics"))
+    started = time.perf_counter()
     records = read_metrics(remote)
+    reads = {"read_metrics": time.perf_counter() - started}
     assert len(records) == step and records[-1]["step"] == step - 1, "lines lost or doubled"
+    storage, directory = open_storage(root), remote.rsplit("/", 1)[0]
+    started = time.perf_counter()
+    chart = dashboard_metrics(storage, directory)
+    reads["dashboard"] = time.perf_counter() - started
+    assert chart is not None and chart.total_steps == step
+    # The bytes alone, three ways: one GET after another, parallel GETs, fsspec's concurrent cat.
+    many = lambda paths: map_reads(storage, storage.read, paths, minimum=8)  # noqa: E731
+    for name, kwargs in (("bytes one by one", {}), ("bytes parallel", {"read_all": many})):
+        started = time.perf_counter()
+        read_metrics_data(directory, storage.read, storage.listdir, **kwargs)
+        reads[name] = time.perf_counter() - started
+    started = time.perf_counter()
+    _read_lines(remote)
+    reads["bytes fsspec cat"] = time.perf_counter() - started
+    READS[at] = reads
     return per_hour, largest, count, elapsed / max(1, uploader.uploads - uploads_before)
+
+
+READS: dict[int, dict[str, float]] = {}
+"""Seconds to read each row's segments back, by reader."""
 
 
 def main() -> None:
@@ -177,6 +206,13 @@ def main() -> None:
             )
             os.remove(local)
         print(f"{args.hours:g} simulated hours per row; load {os.getloadavg()[0]:.2f}")
+        print(
+            "reading the segments back (s): "
+            + "; ".join(
+                f"at {at:,}: " + ", ".join(f"{name} {seconds:.2f}" for name, seconds in reads.items())
+                for at, reads in READS.items()
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -136,7 +136,20 @@ def _parsed(line: bytes) -> dict[str, Any] | None:
 def _read_lines(path: str) -> bytes:
     """The metrics lines of the output whose metrics.jsonl is `path`: that file, then the segments."""
     fs, plain = fsspec.core.url_to_fs(path)
-    return read_metrics_data(posixpath.dirname(plain), _reader(fs), _lister(fs)) or b""
+    directory = posixpath.dirname(plain)
+    return read_metrics_data(directory, _reader(fs), _lister(fs), read_all=_all_reader(fs)) or b""
+
+
+def _all_reader(fs: fsspec.AbstractFileSystem) -> Callable[[list[str]], list[bytes | None]]:
+    def read_all(paths: list[str]) -> list[bytes | None]:
+        if len(paths) == 1:
+            return [_reader(fs)(paths[0])]
+        # One call for all of them: s3fs and gcsfs fetch them concurrently. A file gone since
+        # the listing (a resume rewriting the segments) is left out.
+        found = fs.cat(paths, on_error="omit")
+        return [found.get(p) for p in paths]
+
+    return read_all
 
 
 def _reader(fs: fsspec.AbstractFileSystem) -> Callable[[str], bytes | None]:

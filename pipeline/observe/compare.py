@@ -25,6 +25,7 @@ from typing import Any
 
 from pipeline.core.records import Event, StepRecord, last_state
 from pipeline.observe.metrics import parse_metrics, read_metrics_data
+from pipeline.storage.files import map_reads
 from pipeline.storage.step_store import StepStore
 
 __all__ = [
@@ -239,7 +240,12 @@ def loss_curves(store: StepStore, rows: Sequence[Row]) -> list[dict[str, Any]]:
     curves = []
     storage = store.storage
     for row in rows:
-        data = read_metrics_data(row.output_path, storage.read, storage.listdir)
+        data = read_metrics_data(
+            row.output_path,
+            storage.read,
+            storage.listdir,
+            read_all=lambda paths: map_reads(storage, storage.read, paths, minimum=8),
+        )
         if data is None:
             continue
         records = parse_metrics(data.splitlines())

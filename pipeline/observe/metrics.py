@@ -69,14 +69,20 @@ def metrics_files(step_dir: str, listdir: Callable[[str], list[str]]) -> list[st
 
 
 def read_metrics_data(
-    step_dir: str, read: Callable[[str], bytes | None], listdir: Callable[[str], list[str]]
+    step_dir: str,
+    read: Callable[[str], bytes | None],
+    listdir: Callable[[str], list[str]],
+    *,
+    read_all: Callable[[list[str]], list[bytes | None]] | None = None,
 ) -> bytes | None:
     """All of `step_dir`'s metrics lines as one text, or None if it has none. A segment deleted
-    between the listing and the read (a resumed run rewriting them) is skipped."""
+    between the listing and the read (a resumed run rewriting them) is skipped. `read_all` reads
+    several files at once, in order (a long run on object storage has hundreds of segments, and
+    one request after another is latency-bound); by default they are read one by one."""
     files = metrics_files(step_dir, listdir)
     if not files:
         return None
-    parts = [read(f) for f in files]
+    parts = read_all(files) if read_all is not None else [read(f) for f in files]
     return b"".join(_whole_lines(p) for p in parts if p)
 
 

@@ -25,7 +25,7 @@ import json
 import math
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pipeline.core.drift import MISSING, json_diff
@@ -326,7 +326,7 @@ def read_metrics(storage: Storage, directory: str) -> Metrics | None:
     Lines are merged and aliased by `pipeline.observe.metrics`, the reader the training step uses;
     the segments of an output on object storage are read in order, as one file.
     """
-    data = read_metrics_data(directory, storage.read, storage.listdir)
+    data = read_metrics_data(directory, storage.read, storage.listdir, read_all=_read_all(storage))
     if data is None:
         return None
     ordered = parse_metrics(data.splitlines())
@@ -498,3 +498,9 @@ def read_comparison(store: StepStore, prefix: str, manifest_ids: Sequence[str]) 
         rows=tuple(rows),
         curves=tuple(compare.loss_curves(store, rows)),
     )
+
+
+def _read_all(storage: Storage) -> Callable[[list[str]], list[bytes | None]]:
+    """Reads many files of `storage` at once (in parallel on an object store): a long training's
+    metrics segments."""
+    return lambda paths: map_reads(storage, storage.read, paths, minimum=8)
