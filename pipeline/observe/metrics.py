@@ -159,6 +159,9 @@ def parse_events(lines: Iterable[str | bytes]) -> list[dict[str, Any]]:
     """The event lines (`{"event": kind, "step": N, ...}`), in the order they were written."""
     out = []
     for line in lines:
+        # Event lines are rare: skip decoding the others (a long run has hundreds of thousands).
+        if (b'"event"' if isinstance(line, bytes) else '"event"') not in line:
+            continue
         try:
             record = json.loads(line)
         except ValueError:
