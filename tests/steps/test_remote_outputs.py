@@ -518,6 +518,24 @@ def test_evaluate_finds_checkpoints_and_writes_its_files_by_url(url, tmp_path):
 # -- a whole experiment on s3 -------------------------------------------------------------------------
 
 
+def _run_until_a_checkpoint(
+    command: list[str], env: dict[str, str], cwd: Path, prefix: str
+) -> tuple[subprocess.Popen, list[bytes], threading.Thread]:
+    """Start a run and return once its training has a complete checkpoint at step 10: the process,
+    its stderr (read to the end by the thread returned, so that a chatty run never blocks on a
+    full pipe)."""
+    proc = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    stderr: list[bytes] = []
+    reader = threading.Thread(target=lambda: stderr.append(proc.stderr.read()), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 900
+    while not glob(f"{prefix}/train/test-*/checkpoints/step-10/metadata.json"):
+        assert proc.poll() is None, b"".join(stderr)[-3000:].decode(errors="replace")
+        assert time.monotonic() < deadline, "no checkpoint at step 10"
+        time.sleep(0.1)
+    return proc, stderr, reader
+
+
 @pytest.mark.slow
 def test_an_experiment_on_s3_trains_resumes_after_a_kill_and_evaluates(s3_env, tmp_path):
     steps = 30
@@ -534,15 +552,7 @@ def test_an_experiment_on_s3_trains_resumes_after_a_kill_and_evaluates(s3_env, t
     env["RAY_AUTH_MODE"] = "disabled"
     command = [sys.executable, "-m", "pipeline", "run", str(exp), "--prefix", prefix, "--backend", "local"]
 
-    proc = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    stderr: list[bytes] = []
-    reader = threading.Thread(target=lambda: stderr.append(proc.stderr.read()), daemon=True)
-    reader.start()  # drained, so that a chatty run never blocks on a full pipe
-    deadline = time.monotonic() + 900
-    while not glob(f"{prefix}/train/test-*/checkpoints/step-10/metadata.json"):
-        assert proc.poll() is None, b"".join(stderr)[-3000:].decode(errors="replace")
-        assert time.monotonic() < deadline, "no checkpoint at step 10"
-        time.sleep(0.1)
+    proc, _, _ = _run_until_a_checkpoint(command, env, cwd, prefix)
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
     (train,) = [p for p in glob(f"{prefix}/train/test-*") if not p.endswith(".json")]
@@ -601,17 +611,7 @@ def test_a_training_runner_paused_past_its_lease_changes_no_byte_of_the_new_owne
         *leases,
     ]
 
-    paused = subprocess.Popen(
-        command, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    stderr: list[bytes] = []
-    reader = threading.Thread(target=lambda: stderr.append(paused.stderr.read()), daemon=True)
-    reader.start()
-    deadline = time.monotonic() + 900
-    while not glob(f"{prefix}/train/test-*/checkpoints/step-10/metadata.json"):
-        assert paused.poll() is None, b"".join(stderr)[-3000:].decode(errors="replace")
-        assert time.monotonic() < deadline, "no checkpoint at step 10"
-        time.sleep(0.1)
+    paused, stderr, reader = _run_until_a_checkpoint(command, env, tmp_path, prefix)
     paused.send_signal(signal.SIGSTOP)
     try:
         time.sleep(6)  # past its lease

@@ -125,14 +125,17 @@ def test_token_survives_a_lost_lease_file(store, step_dir, clock):
     assert taken == Acquired(2), "the next token must still exceed every token in .status"
 
 
-def test_lease_of_a_dead_process_on_this_host_is_stale_at_once(store, step_dir):
-    ctx = multiprocessing.get_context("fork")
-    proc = ctx.Process(target=os._exit, args=(0,))
+def dead_owner_here() -> Owner:
+    """An owner on this host whose process has exited."""
+    proc = multiprocessing.get_context("fork").Process(target=os._exit, args=(0,))
     proc.start()
     proc.join()
+    return Owner("deadbeef0000", Owner.current().host, proc.pid, None)
+
+
+def test_lease_of_a_dead_process_on_this_host_is_stale_at_once(store, step_dir):
     me = Owner.current()
-    dead = Owner("deadbeef0000", me.host, proc.pid, None)
-    store.acquire(step_dir, dead, ttl=3600)
+    store.acquire(step_dir, dead_owner_here(), ttl=3600)
     assert store.acquire(step_dir, me, ttl=60) == Acquired(2)
 
 
@@ -141,13 +144,8 @@ def test_a_dead_runner_whose_workers_may_be_elsewhere_is_taken_over_only_once_it
 ):
     """A runner on a Ray cluster is killed: its workers on other hosts live on until their fence
     closes at the lease's expiry, so its process being gone does not free the step."""
-    ctx = multiprocessing.get_context("fork")
-    proc = ctx.Process(target=os._exit, args=(0,))
-    proc.start()
-    proc.join()
     me = Owner.current()
-    dead = Owner("deadbeef0000", me.host, proc.pid, None)
-    assert store.acquire(step_dir, dead, ttl=60, remote_workers=True) == Acquired(1)
+    assert store.acquire(step_dir, dead_owner_here(), ttl=60, remote_workers=True) == Acquired(1)
     (running,) = store.events(step_dir)
     assert running.data == {"attempt": 1, "remote_workers": True}
     assert isinstance(store.acquire(step_dir, me, ttl=60), Held)  # its pid is gone, its lease is not
