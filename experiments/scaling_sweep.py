@@ -76,6 +76,20 @@ def build(
 
     Raises `StepDeclarationError` naming the training step if a run is longer than the mixture.
     """
+    mixture = sweep_mixture(batch_size=batch_size, seq_len=seq_len, mixture_steps=mixture_steps)
+
+    def run(hidden_dim: int, steps: int) -> tuple[Step, Step]:
+        return sweep_run(mixture, hidden_dim, steps, batch_size=batch_size, seq_len=seq_len)
+
+    points = [scaling_point(*run(h, s)) for h in sizes for s in budgets]
+    fit = scaling_fit_step("scaling/fit", points=points, target=scaling_point(*run(*target)))
+    return [fit]
+
+
+def sweep_mixture(
+    *, batch_size: int = BATCH_SIZE, seq_len: int = SEQ_LEN, mixture_steps: int = MIXTURE_STEPS
+) -> Step:
+    """The one even mixture of the demo corpus that every run of the sweep reads."""
     corpus = {
         domain: tokenize_step(
             f"tokenized/{domain}",
@@ -86,7 +100,7 @@ def build(
         )
         for domain in ("prose", "arithmetic")
     }
-    mixture = mixture_step(
+    return mixture_step(
         "mixture/scaling",
         components=corpus,
         weights={"prose": 0.5, "arithmetic": 0.5},
@@ -97,31 +111,40 @@ def build(
         max_epochs=3,
     )
 
-    def run(hidden_dim: int, steps: int) -> tuple[Step, Step]:
-        label = f"d{hidden_dim}-s{steps}"
-        # A budget longer than the mixture is refused by train_moe_step, naming this step.
-        train = train_moe_step(
-            f"train/scaling/{label}",
-            data=mixture,
-            model=tiny_model(hidden_dim),
-            optimizer=OPTIMIZER,
-            batch_size=batch_size,
-            seq_len=seq_len,
-            num_steps=steps,
-            checkpoint_interval=steps,  # only the final checkpoint: evaluate reads nothing else
-            eval_interval=10**9,  # evaluate/scaling/* scores the final model on every validation set
-            router_stats_interval=0,
-            hf_export=False,
-            resources=Resources(cpus=1),
-        )
-        evaluation = evaluate_step(
-            f"evaluate/scaling/{label}", train=train, data=mixture, seq_len=seq_len, batch_size=batch_size
-        )
-        return train, evaluation
 
-    points = [scaling_point(*run(h, s)) for h in sizes for s in budgets]
-    fit = scaling_fit_step("scaling/fit", points=points, target=scaling_point(*run(*target)))
-    return [fit]
+def sweep_run(
+    mixture: Step,
+    hidden_dim: int,
+    steps: int,
+    *,
+    seed: int = 0,
+    batch_size: int = BATCH_SIZE,
+    seq_len: int = SEQ_LEN,
+) -> tuple[Step, Step]:
+    """One point of the sweep: the training of width `hidden_dim` for `steps` steps and its
+    evaluation. Seed 0 is the sweep's; another seed (model init and data order) is another step,
+    `d{H}-s{S}-seed{K}` (benchmarks/scaling_noise.py measures the spread)."""
+    label = f"d{hidden_dim}-s{steps}" + (f"-seed{seed}" if seed else "")
+    # A budget longer than the mixture is refused by train_moe_step, naming this step.
+    train = train_moe_step(
+        f"train/scaling/{label}",
+        data=mixture,
+        model=tiny_model(hidden_dim),
+        optimizer=OPTIMIZER,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        num_steps=steps,
+        seed=seed,
+        checkpoint_interval=steps,  # only the final checkpoint: evaluate reads nothing else
+        eval_interval=10**9,  # evaluate/scaling/* scores the final model on every validation set
+        router_stats_interval=0,
+        hf_export=False,
+        resources=Resources(cpus=1),
+    )
+    evaluation = evaluate_step(
+        f"evaluate/scaling/{label}", train=train, data=mixture, seq_len=seq_len, batch_size=batch_size
+    )
+    return train, evaluation
 
 
 def _one_training_at_a_time(argv: list[str]) -> list[str]:
