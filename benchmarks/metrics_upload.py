@@ -16,7 +16,8 @@ logs) at `--step-seconds` per step, at several points of the run (`--at`, a step
                uploaded at every interval, and the bytes it sent are counted (`bytes_uploaded`).
 
 Then it reads each row's segments back and times it: `steps.metrics.read_metrics` and the
-dashboard's chart (reading and parsing every line), and the bytes alone three ways (one GET
+dashboard's chart (reading and parsing every line), the chart again (as a reload of the page
+does: the closed segments' summaries are kept), and the bytes alone three ways (one GET
 after another, parallel GETs as the dashboard and `compare` do, fsspec's concurrent `cat` as
 the step library does).
 
@@ -152,6 +153,9 @@ def segments(
     chart = dashboard_metrics(storage, directory)
     reads["dashboard"] = time.perf_counter() - started
     assert chart is not None and chart.total_steps == step
+    started = time.perf_counter()  # a reload of the page: the closed segments are summarized
+    dashboard_metrics(storage, directory)
+    reads["dashboard again"] = time.perf_counter() - started
     # The bytes alone, three ways: one GET after another, parallel GETs, fsspec's concurrent cat.
     many = lambda paths: map_reads(storage, storage.read, paths, minimum=8)  # noqa: E731
     for name, kwargs in (("bytes one by one", {}), ("bytes parallel", {"read_all": many})):

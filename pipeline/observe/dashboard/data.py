@@ -33,6 +33,7 @@ from pipeline.core.identity import HASH_CHARS
 from pipeline.core.lease import host_id
 from pipeline.core.records import Event, StatusEvent, StepRecord
 from pipeline.observe import compare, live
+from pipeline.observe.dashboard.chart import read_chart
 from pipeline.observe.dashboard.records import (
     Comparison,
     EvalResults,
@@ -44,7 +45,7 @@ from pipeline.observe.dashboard.records import (
     StepRow,
 )
 from pipeline.observe.live import runner_gone
-from pipeline.observe.metrics import METRICS_DIR, METRICS_FILE, parse_events, parse_metrics, read_metrics_data
+from pipeline.observe.metrics import METRICS_DIR, METRICS_FILE
 from pipeline.storage.files import Storage, map_reads
 from pipeline.storage.layout import LOGS_DIR, is_label, is_payload, log_token, step_dir
 from pipeline.storage.manifests import list_manifests, list_run_records, manifest_dir, run_record_dir
@@ -323,28 +324,11 @@ def _number(value: Any) -> float | None:
 def read_metrics(storage: Storage, directory: str) -> Metrics | None:
     """The step's metrics merged per step (later lines win), or None if it has none.
 
-    Lines are merged and aliased by `pipeline.observe.metrics`, the reader the training step uses;
-    the segments of an output on object storage are read in order, as one file.
+    Lines are merged and aliased as `pipeline.observe.metrics` does for the training step; the
+    segments of an output on object storage are read in order, as one file, and each closed one
+    is parsed once per dashboard process (`chart`).
     """
-    data = read_metrics_data(directory, storage.read, storage.listdir, read_all=_read_all(storage))
-    if data is None:
-        return None
-    ordered = parse_metrics(data.splitlines())
-    stride = max(1, math.ceil(len(ordered) / MAX_CHART_POINTS))
-    # Thin evenly but always keep the last point: it is the one a user is watching.
-    shown = ordered[::stride]
-    if ordered and shown[-1] is not ordered[-1]:
-        shown.append(ordered[-1])
-    return Metrics(
-        steps=tuple(int(r["step"]) for r in shown),
-        loss=tuple(_number(r.get("loss")) for r in shown),
-        learning_rate=tuple(_number(r.get("learning_rate")) for r in shown),
-        total_steps=len(ordered),
-        last=ordered[-1] if ordered else {},
-        eval_steps=tuple(int(r["step"]) for r in ordered if "eval/loss" in r),
-        eval_loss=tuple(_number(r["eval/loss"]) for r in ordered if "eval/loss" in r),
-        events=tuple(_event(e) for e in parse_events(data.splitlines())),
-    )
+    return read_chart(directory, storage.listdir, _read_all(storage), MAX_CHART_POINTS, _number, _event)
 
 
 def _event(event: Mapping[str, Any]) -> dict[str, Any]:
