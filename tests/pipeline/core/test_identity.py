@@ -296,7 +296,12 @@ def test_independent_of_dict_order_explicit() -> None:
 # Independent of the prefix
 
 
-@given(value=values, suffix=st.from_regex(r"[a-z0-9_.-]{1,8}(/[a-z0-9_.-]{1,8}){0,2}", fullmatch=True))
+# No sub-path part starts with a dot here: `..` and `.` are refused (as they must be), which a
+# generated suffix hit once in a few hundred runs.
+@given(
+    value=values,
+    suffix=st.from_regex(r"[a-z0-9_-][a-z0-9_.-]{0,7}(/[a-z0-9_-][a-z0-9_.-]{0,7}){0,2}", fullmatch=True),
+)
 @FAST
 def test_independent_of_prefix(value: Any, suffix: str) -> None:
     def dag_under(prefix: str) -> Dag:
