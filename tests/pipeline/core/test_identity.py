@@ -97,7 +97,8 @@ values = st.recursive(
     leaves, lambda kids: st.lists(kids, max_size=4) | st.dictionaries(keys, kids, max_size=4), max_leaves=12
 )
 names = st.from_regex(r"[a-z][a-z0-9_]{0,6}(/[a-z0-9][a-z0-9._-]{0,6}){0,2}", fullmatch=True)
-subs = st.none() | st.from_regex(r"[a-z0-9_]{1,6}(/[a-z0-9_.]{1,6}){0,2}", fullmatch=True)
+# No part starts with a dot: `..` and `.` are refused as sub-paths (as they must be).
+subs = st.none() | st.from_regex(r"[a-z0-9_]{1,6}(/[a-z0-9_][a-z0-9_.]{0,5}){0,2}", fullmatch=True)
 
 
 def reorder(v: Any) -> Any:
