@@ -190,9 +190,9 @@ def is_stale(
     Stale when absent, released, expired more than `skew` seconds ago by the reader's clock
     `now`, or owned by a process on this very host that no longer exists: a run killed on this
     machine never makes the next run wait for its timeout. Not `trust_pid` when the holder's
-    step may be running in a worker on another host (`RunningData.remote_workers`), which can
-    outlive the holder's process: such a lease is stale only once it expires. `expires` was written with the
-    holder's clock: a reader whose clock is ahead by up to `skew` never takes a live lease (a
+    step may be running in a worker on another host (`records.may_outlive_runner`), which can
+    outlive the holder's process: such a lease is stale only once it expires. `expires` was
+    written with the holder's clock: a reader whose clock is ahead by up to `skew` never takes a live lease (a
     waiting runner also judges by watching the lease stop changing, which needs no clock: see
     `LeaseWatch`).
     """

@@ -24,8 +24,8 @@ from typing import Any
 from pipeline.core import graph
 from pipeline.core.dag import Dag, labels_matching
 from pipeline.core.drift import config_drift
-from pipeline.core.lease import is_stale, pid_alive
-from pipeline.core.records import Event, StepRecord, may_outlive_runner
+from pipeline.core.lease import pid_alive
+from pipeline.core.records import Event, StepRecord
 from pipeline.errors import StepDeclarationError, StorageError
 
 __all__ = ["Plan", "State", "StepPlan", "make_plan"]
@@ -167,13 +167,7 @@ def make_plan(
             notes = [*notes_of.get(label, ()), *notes]
             reason = "cached" + (f"; {notes[0]}" if notes else "")
             steps[label] = StepPlan(state=State.CACHED, reason=reason, notes=tuple(notes), **common)
-        elif record.state == Event.RUNNING and not is_stale(
-            record.lease,
-            now,
-            local_host,
-            alive,
-            trust_pid=not may_outlive_runner(record.events, record.lease),
-        ):
+        elif record.state == Event.RUNNING and not record.lease_stale(now, local_host, alive):
             assert record.lease is not None
             steps[label] = StepPlan(
                 state=State.WAIT, reason=f"running in {record.lease.describe()}", **common

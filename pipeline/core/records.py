@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.core.lease import LeaseRecord
+from pipeline.core.lease import LeaseRecord, is_stale, pid_alive
 from pipeline.errors import StorageError
 
 __all__ = [
@@ -187,6 +187,19 @@ class StepRecord:
         """The last state event's name, or None if the step never started here."""
         last = last_state(self.events)
         return last.event if last else None
+
+    def lease_stale(
+        self,
+        now: float,
+        local_host: str,
+        alive: Callable[[int, str | None], bool] = pid_alive,
+        *,
+        skew: float = 0.0,
+    ) -> bool:
+        """`is_stale` for this step's lease: a dead holder's pid counts only when its attempt's
+        workers cannot outlive it (`may_outlive_runner`)."""
+        trust_pid = not may_outlive_runner(self.events, self.lease)
+        return is_stale(self.lease, now, local_host, alive, skew=skew, trust_pid=trust_pid)
 
     @property
     def succeeded(self) -> bool:

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import enum
 
-from pipeline.core.lease import is_stale
 from pipeline.core.plan import State
-from pipeline.core.records import Event, StepRecord, may_outlive_runner
+from pipeline.core.records import Event, StepRecord
 
 __all__ = ["Shown", "live_state", "runner_gone"]
 
@@ -33,8 +32,7 @@ class Shown(enum.StrEnum):
 def runner_gone(record: StepRecord, now: float, local_host: str) -> bool:
     """Whether a step whose last state is RUNNING has lost its runner: its lease is absent,
     released or expired, or held by a dead process on this very host."""
-    trust_pid = not may_outlive_runner(record.events, record.lease)
-    return record.state == Event.RUNNING and is_stale(record.lease, now, local_host, trust_pid=trust_pid)
+    return record.state == Event.RUNNING and record.lease_stale(now, local_host)
 
 
 def live_state(record: StepRecord, *, stale: bool, planned: str | None = None) -> str:

@@ -26,7 +26,7 @@ from typing import Any
 
 from pipeline.core.dag import fn_import_path, resolved_config
 from pipeline.core.drift import listing_digest
-from pipeline.core.lease import CLOCK_SKEW, LeaseRecord, LeaseWatch, Owner, is_stale
+from pipeline.core.lease import CLOCK_SKEW, LeaseRecord, LeaseWatch, Owner
 from pipeline.core.plan import Plan, State
 from pipeline.core.records import Event, may_outlive_runner
 from pipeline.core.report import RunReport, StepOutcome
@@ -248,13 +248,7 @@ class _Execution:
             unchanged = self.watch.unchanged(
                 label, record.lease, extra=self.options.clock_skew if remote else 0.0
             )
-            if unchanged or is_stale(
-                record.lease,
-                self.clock(),
-                self.owner.host,
-                skew=self.options.clock_skew,
-                trust_pid=not remote,
-            ):
+            if unchanged or record.lease_stale(self.clock(), self.owner.host, skew=self.options.clock_skew):
                 if unchanged and record.lease is not None:
                     self.stale_leases[label] = record.lease
                 self.watch.forget(label)
