@@ -1,6 +1,6 @@
 """Seed noise of the scaling sweep: the same point trained with several seeds, and the spread of its loss.
 
-    .venv/bin/python benchmarks/scaling_noise.py --prefix P [--points 64x600 96x1000] [--seeds 0 1 2]
+    .venv/bin/python benchmarks/scaling_noise.py --prefix P [--points 64x1000 96x1000] [--seeds 0 1 2]
 
 A prediction cannot be checked to better than the noise of the run it predicts. This trains each
 point of `experiments/scaling_sweep.py` named by `--points` (`HIDDENxSTEPS`) once per seed (the
@@ -36,7 +36,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--prefix", required=True)
-    parser.add_argument("--points", nargs="+", default=["64x600", "96x1000"])
+    parser.add_argument("--points", nargs="+", default=["64x1000", "96x1000"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args()
     mixture = sweep_mixture()

@@ -1,18 +1,21 @@
-"""A scaling sweep with a predicted loss: fit L(N, D) on a grid of tiny MoEs, then check it on a larger one.
+"""A scaling sweep with a predicted loss: fit scaling laws to a grid of tiny MoEs, check them on a larger one.
 
     tokenized/prose, tokenized/arithmetic   the committed demo corpus (shared with tiny_moe.py)
     mixture/scaling                         one even mix, sized for MIXTURE_STEPS steps
     train/scaling/d{H}-s{S}                 a tiny Qwen3-MoE of hidden size H trained for S steps,
                                             for every H in SIZES and S in BUDGETS, and the TARGET
     evaluate/scaling/d{H}-s{S}              loss per validation set of each
-    scaling/fit                             L(N, D) = E + A/N^alpha + B/D^beta fitted to the grid;
-                                            the target's loss predicted with an interval, then
+    scaling/fit                             Chinchilla's law, Kaplan's law (N x D interaction) and
+                                            the IsoFLOP method fitted to the grid, each checked on
+                                            the grid's 3 largest points held out; the best of that
+                                            check predicts the target with an interval, then is
                                             compared with its measured loss (fit.json, fit.png)
 
 This is how a team checks a predicted loss before committing months of compute: fit small runs,
-predict the big one, and (here, where the big one is cheap) measure it. `drydock plan` shows the
-grid at once; a rerun reuses every finished point, and a grid made larger trains only the new
-points. All models share everything but their width: 2 layers, 4 experts with top-2 routing,
+predict the big one, and (here, where the big one is cheap) measure it. The target has 2.25 times
+the compute of the grid's largest run (2.24 times its N, at the grid's longest D). `drydock plan`
+shows the grid at once; a rerun reuses every finished point, and a grid made larger trains only
+the new points. All models share everything but their width: 2 layers, 4 experts with top-2 routing,
 expert width 2 x hidden, 4 query and 2 KV heads, AdamW at 3e-3 with cosine decay to the end of
 each run's own budget (so every D is a complete run, as Chinchilla's fits assume).
 
@@ -23,7 +26,7 @@ of a longer run's stream, and budgets differ only in length.
 
 On the local backend, trainings run one at a time unless `--max_concurrent` says otherwise: they
 share the process, and Levanter's tracker is global to it (on Ray each gets its own process).
-About 16 minutes on a 2-core CPU shared with other work (docs/scaling.md has the figures).
+About 22 minutes on a 2-core CPU (docs/scaling.md has the figures and why the grid is laid out so).
 """
 
 from __future__ import annotations
@@ -45,10 +48,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKENIZER = "data/tokenizer"
 BATCH_SIZE = 8
 SEQ_LEN = 128
-SIZES = (32, 48, 64)
-"""Hidden sizes of the grid's models."""
-BUDGETS = (150, 300, 600)
-"""Training steps of the grid's runs (x BATCH_SIZE x SEQ_LEN tokens)."""
+SIZES = (24, 32, 40, 48, 64)
+"""Hidden sizes of the grid's models: five, so that three sizes share each of several compute budgets
+(the IsoFLOP method's profiles)."""
+BUDGETS = (250, 500, 1000)
+"""Training steps of the grid's runs (x BATCH_SIZE x SEQ_LEN tokens). None shorter than 250: at 150
+steps a run's loss still says more about how fast a model starts than about its size."""
 TARGET = (96, 1000)
 """The larger config whose loss is predicted, then measured: (hidden size, steps)."""
 MIXTURE_STEPS = 1000

@@ -1,4 +1,4 @@
-"""The `scaling_fit` step: fit L(N, D) = E + A/N^alpha + B/D^beta to evaluated runs, predict a target.
+"""The `scaling_fit` step: fit scaling laws to evaluated runs, check them, predict a target.
 
 Inputs are grid points (each an evaluate step's output, with the model and the tokens it was
 trained on) and a target config, optionally with its own evaluation. N is the model's *active
@@ -8,17 +8,21 @@ the token embedding and LM head because at this size they are most of the model 
 the vocabulary, not with capacity (Kaplan et al. 2020 saw the cleaner law without them). D is the
 number of training tokens, `num_steps * batch_size * seq_len`.
 
-The fitting math is pure functions of arrays in `steps.scaling.law` (`fit_law`,
-`goodness_of_fit`, `leave_one_out`, `prediction_interval`, `prediction_error`), tested directly;
-the picture is `steps.scaling.plot`.
+Three methods, side by side: the laws of `steps.scaling.law` (Chinchilla's additive
+E + A/N^alpha + B/D^beta and Kaplan's form with an N x D interaction, both fitted as Hoffmann et
+al. did), and the IsoFLOP method of `steps.scaling.isoflop`. Before any of them predicts the
+target, each is checked on the grid itself: each of its `pre_check` largest-compute points is
+predicted by the method fitted to the others. The method with the smallest mean error there
+gives the prediction; the others are reported beside it. The picture is `steps.scaling.plot`.
 
 Outputs, under the step's directory:
 
-    fit.json   the law's parameters, goodness of fit (R², RMSE, leave-one-out RMSE, per-point
-               residuals), the target's predicted loss with its interval, and, when the target
-               was evaluated, the prediction's error against the measured loss
-    fit.png    loss against N, one colour per token budget, the fitted curves, the prediction
-               with its interval and the measured target; beside it predicted against measured
+    fit.json   per method: its parameters, goodness of fit (R², RMSE, leave-one-out), its
+               pre-check errors, the target's predicted loss with its interval and, when the
+               target was evaluated, the error against the measured loss; which method was chosen
+    fit.png    loss against N, one colour per token budget, the chosen method's curves, every
+               method's prediction with its interval and the measured target; beside it the
+               chosen method's predicted against measured loss
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -36,12 +40,16 @@ from pipeline.step import Versioned
 from steps.files import exists, read_json, write_json
 from steps.imports import import_ml
 from steps.moe import MoeModelConfig, parameter_counts
+from steps.scaling.isoflop import IsoflopFit, IsoflopUnavailable, fit_isoflop, isoflop_interval
 from steps.scaling.law import (
-    LAW,
+    FORMS,
+    HUBER_DELTA,
     MIN_POINTS,
     NUM_PARAMETERS,
+    REFINED_STARTS,
     LawFit,
     ScalingFitError,
+    check_form,
     check_grid,
     check_settings,
     fit_law,
@@ -53,15 +61,19 @@ from steps.scaling.law import (
 from steps.scaling.plot import plot_fit
 
 __all__ = [
+    "FORMS",
     "MIN_POINTS",
     "NUM_PARAMETERS",
+    "IsoflopFit",
     "LawFit",
     "ScalingFitConfig",
     "ScalingFitError",
     "ScalingPoint",
     "active_non_embedding_params",
+    "fit_isoflop",
     "fit_law",
     "goodness_of_fit",
+    "isoflop_interval",
     "leave_one_out",
     "prediction_error",
     "prediction_interval",
@@ -102,9 +114,16 @@ class ScalingFitConfig:
     resamples: int = 200
     """Bootstrap refits for the interval."""
     seed: int = 0
-    huber_delta: float = 1e-2
-    """Huber threshold on relative residuals: smaller ones count squared, larger ones linearly, so
-    one bad run cannot dominate the fit. Chinchilla used 1e-3 on log residuals (set it so to match)."""
+    huber_delta: float = HUBER_DELTA
+    """Huber threshold on log residuals: smaller ones count squared, larger ones linearly, so one bad
+    run cannot dominate the fit (Hoffmann et al.'s 1e-3)."""
+    laws: list[str] = field(default_factory=lambda: ["chinchilla", "kaplan"])
+    """The law forms fitted (`steps.scaling.law.FORMS`)."""
+    isoflop: bool = True
+    """Also predict by the IsoFLOP method (`steps.scaling.isoflop`), where the grid allows it."""
+    pre_check: int = 3
+    """How many of the grid's largest-compute points are each predicted by every method fitted to
+    the other points; the method with the smallest mean error there predicts the target."""
 
 
 def active_non_embedding_params(model: MoeModelConfig) -> int:
@@ -138,12 +157,16 @@ def scaling_fit_step(
     level: float = 0.9,
     resamples: int = 200,
     seed: int = 0,
-    huber_delta: float = 1e-2,
+    huber_delta: float = HUBER_DELTA,
+    laws: Sequence[str] = ("chinchilla", "kaplan"),
+    isoflop: bool = True,
+    pre_check: int = 3,
 ) -> Step:
-    """A ready scaling_fit `Step`. Points, target, loss, interval and fit settings are versioned.
+    """A ready scaling_fit `Step`. Points, target, loss, methods, interval and fit settings are versioned.
 
-    A grid that cannot determine the law (fewer points than its five parameters, or a single model
-    size or token budget) is refused here, naming the step and the field, before anything runs.
+    A grid that cannot determine a law (fewer points than its five parameters, or a single model
+    size or token budget), an unknown law or a bad setting is refused here, naming the step and the
+    field, before anything runs.
     """
     try:
         check_grid(
@@ -152,7 +175,19 @@ def scaling_fit_step(
             [p.label for p in points],
             minimum=MIN_POINTS,
         )
-        check_settings(level, resamples, huber_delta)
+        _check_config(
+            ScalingFitConfig(
+                points=list(points),
+                target=target,
+                output="",
+                level=level,
+                resamples=resamples,
+                huber_delta=huber_delta,
+                laws=list(laws),
+                isoflop=isoflop,
+                pre_check=pre_check,
+            )
+        )
     except ScalingFitError as e:
         raise StepDeclarationError(name, e.message, field=e.field) from e
     for i, point in enumerate(points):
@@ -181,8 +216,12 @@ def scaling_fit_step(
             resamples=versioned(resamples),
             seed=versioned(seed),
             huber_delta=versioned(huber_delta),
+            laws=versioned(list(laws)),
+            isoflop=versioned(isoflop),
+            pre_check=versioned(pre_check),
         ),
-        description=f"fit {LAW} to {len(points)} points; predict {target.label}",
+        description=f"fit {', '.join([*laws, *(['isoflop'] if isoflop else [])])} to {len(points)} points; "
+        f"predict {target.label}",
         resources=Resources(cpus=1),
     )
 
@@ -227,10 +266,26 @@ def _row(point: ScalingPoint) -> dict[str, Any]:
     }
 
 
+def _check_config(config: ScalingFitConfig) -> None:
+    check_settings(config.level, config.resamples, config.huber_delta)
+    if not config.laws and not config.isoflop:
+        raise ScalingFitError("no method to fit: name at least one law or set isoflop", "laws")
+    for form in config.laws:
+        check_form(form)
+    if len(set(config.laws)) != len(config.laws):
+        raise ScalingFitError(f"a law is named twice: {list(config.laws)}", "laws")
+    if not 1 <= config.pre_check < len(config.points):
+        raise ScalingFitError(
+            f"pre_check holds out the largest points one at a time: give 1 to {len(config.points) - 1}, "
+            f"got {config.pre_check}",
+            "pre_check",
+        )
+
+
 def _read_points(config: ScalingFitConfig) -> tuple[list[dict[str, Any]], dict[str, Any], float | None]:
     """The grid's rows with their measured losses, the target's row, and its measured loss."""
     try:
-        check_settings(config.level, config.resamples, config.huber_delta)
+        _check_config(config)
         rows = [_row(p) for p in config.points]
         check_grid(
             [r["active_non_embedding_params"] for r in rows],
@@ -254,56 +309,61 @@ def _read_points(config: ScalingFitConfig) -> tuple[list[dict[str, Any]], dict[s
     return rows, target, measured
 
 
-def scaling_fit(config: ScalingFitConfig) -> dict[str, Any]:
-    """Fit the law to the evaluated grid, predict the target, write fit.json and fit.png."""
-    import_ml("scipy.optimize", "matplotlib")
-    rows, target, measured = _read_points(config)
-    n = np.array([r["active_non_embedding_params"] for r in rows], dtype=float)
-    d = np.array([r["tokens"] for r in rows], dtype=float)
-    loss = np.array([r["loss"] for r in rows])
-    law = fit_law(n, d, loss, huber_delta=config.huber_delta)
+def _pre_check_points(rows: list[dict[str, Any]], count: int) -> list[int]:
+    """The indices of the `count` points of largest compute: the ones a prediction leans on most."""
+    return sorted(range(len(rows)), key=lambda i: -rows[i]["compute_flops"])[:count]
+
+
+def _prediction(
+    predicted: float, low: float, high: float, config: ScalingFitConfig, measured: float | None, how: str
+) -> dict[str, Any]:
+    return {
+        "predicted_loss": predicted,
+        "interval": {
+            "low": low,
+            "high": high,
+            "level": config.level,
+            "method": how,
+            "resamples": config.resamples,
+        },
+        "error": None if measured is None else prediction_error(predicted, low, high, measured),
+    }
+
+
+def _fit_law_method(
+    form: str,
+    config: ScalingFitConfig,
+    arrays: tuple[np.ndarray, ...],
+    target: dict[str, Any],
+    measured: float | None,
+    checked: list[int],
+) -> tuple[dict[str, Any], LawFit]:
+    n, d, loss = arrays
+    law = fit_law(n, d, loss, form=form, huber_delta=config.huber_delta)
     quality = goodness_of_fit(law, n, d, loss)
-    loo = leave_one_out(n, d, loss, huber_delta=config.huber_delta)
+    loo = leave_one_out(n, d, loss, form=form, huber_delta=config.huber_delta, start=law)
     loo_errors = [p - x for p, x in zip(loo, loss, strict=True) if p is not None]
-    for row, predicted, residual, held_out in zip(
-        rows, quality["predicted"], quality["residuals"], loo, strict=True
-    ):
-        row.update(predicted=predicted, residual=residual, leave_one_out_predicted=held_out)
-    predicted = float(law.predict(target["active_non_embedding_params"], target["tokens"]))
+    t_n, t_d = target["active_non_embedding_params"], target["tokens"]
     low, high = prediction_interval(
         law,
         n,
         d,
         loss,
-        target["active_non_embedding_params"],
-        target["tokens"],
+        t_n,
+        t_d,
         level=config.level,
         resamples=config.resamples,
         seed=config.seed,
         huber_delta=config.huber_delta,
     )
-    target.update(
-        predicted_loss=predicted,
-        interval={
-            "low": low,
-            "high": high,
-            "level": config.level,
-            "method": "residual bootstrap in log space",
-            "resamples": config.resamples,
-        },
-        measured_loss=measured,
-        error=None if measured is None else prediction_error(predicted, low, high, measured),
-    )
-    result = {
-        "law": LAW,
-        "N": "active non-embedding parameters",
-        "D": "training tokens",
-        "loss": config.loss,
+    method = {
+        "kind": "law",
+        "law": FORMS[form].law,
         "parameters": law.as_dict(),
         "fit": {
-            "method": f"Huber (delta={config.huber_delta:g}) on relative residuals, variable projection "
-            "(NNLS for E, A, B; grid then Nelder-Mead for alpha, beta)",
-            "num_points": len(rows),
+            "method": f"Huber (delta={config.huber_delta:g}) on log residuals, L-BFGS-B from the best "
+            f"{REFINED_STARTS} of a grid of 4,500 starts (Hoffmann et al. 2022, appendix D.2)",
+            "num_points": len(n),
             "objective": law.objective,
             "r2": quality["r2"],
             "rmse": quality["rmse"],
@@ -311,34 +371,167 @@ def scaling_fit(config: ScalingFitConfig) -> dict[str, Any]:
             "max_abs_residual": quality["max_abs_residual"],
             "leave_one_out_rmse": float(np.sqrt(np.mean(np.square(loo_errors)))) if loo_errors else None,
         },
+        "predicted": quality["predicted"],
+        "leave_one_out": loo,
+        "pre_check": _pre_check([loo[i] for i in checked], [float(loss[i]) for i in checked]),
+        "target": _prediction(
+            float(law.predict(t_n, t_d)), low, high, config, measured, "residual bootstrap in log space"
+        ),
+    }
+    return method, law
+
+
+def _fit_isoflop_method(
+    config: ScalingFitConfig,
+    arrays: tuple[np.ndarray, ...],
+    target: dict[str, Any],
+    measured: float | None,
+    checked: list[int],
+) -> tuple[dict[str, Any], IsoflopFit | None]:
+    n, d, loss = arrays
+    try:
+        fit = fit_isoflop(n, d, loss)
+    except IsoflopUnavailable as e:
+        return {"kind": "isoflop", "unavailable": e.message}, None
+    held_out: list[float | None] = []
+    for i in checked:
+        keep = np.arange(len(n)) != i
+        try:
+            held_out.append(fit_isoflop(n[keep], d[keep], loss[keep]).predict(n[i], d[i]))
+        except IsoflopUnavailable:
+            held_out.append(None)
+    t_n, t_d = target["active_non_embedding_params"], target["tokens"]
+    low, high = isoflop_interval(
+        n, d, loss, t_n, t_d, level=config.level, resamples=config.resamples, seed=config.seed
+    )
+    best_n, best_loss = fit.optimal(6.0 * t_n * t_d)
+    method = {
+        "kind": "isoflop",
+        **fit.as_dict(),
+        "predicted": [fit.predict(a, b) for a, b in zip(n, d, strict=True)],
+        "pre_check": _pre_check(held_out, [float(loss[i]) for i in checked]),
+        "target": {
+            **_prediction(
+                fit.predict(t_n, t_d),
+                low,
+                high,
+                config,
+                measured,
+                "residual bootstrap of the grid's points about each size's line in log D",
+            ),
+            "optimal_params": best_n,
+            "optimal_loss": best_loss,
+        },
+    }
+    return method, fit
+
+
+def _pre_check(predicted: list[float | None], measured: list[float]) -> dict[str, Any]:
+    errors = [None if p is None else (m - p) / m for p, m in zip(predicted, measured, strict=True)]
+    known = [abs(e) for e in errors if e is not None]
+    return {
+        "predicted": predicted,
+        "relative_errors": errors,
+        "mean_abs_relative_error": float(np.mean(known)) if len(known) == len(errors) else None,
+    }
+
+
+def scaling_fit(config: ScalingFitConfig) -> dict[str, Any]:
+    """Fit each method to the evaluated grid, check it on the grid's largest points, predict the
+    target with each; the method the pre-check trusts most gives the prediction. Writes fit.json
+    and fit.png."""
+    import_ml("scipy.optimize", "matplotlib")
+    rows, target, measured = _read_points(config)
+    arrays = (
+        np.array([r["active_non_embedding_params"] for r in rows], dtype=float),
+        np.array([r["tokens"] for r in rows], dtype=float),
+        np.array([r["loss"] for r in rows]),
+    )
+    checked = _pre_check_points(rows, config.pre_check)
+    methods: dict[str, dict[str, Any]] = {}
+    predictors: dict[str, Any] = {}
+    for form in config.laws:
+        methods[form], predictors[form] = _fit_law_method(form, config, arrays, target, measured, checked)
+    if config.isoflop:
+        methods["isoflop"], iso = _fit_isoflop_method(config, arrays, target, measured, checked)
+        if iso is not None:
+            predictors["isoflop"] = iso
+    scores = {
+        name: m["pre_check"]["mean_abs_relative_error"]
+        for name, m in methods.items()
+        if "pre_check" in m and m["pre_check"]["mean_abs_relative_error"] is not None
+    }
+    if not scores:
+        raise ScalingFitError(
+            "no method could predict the held-out points of the pre-check", "pre_check", step="scaling_fit"
+        )
+    chosen = min(scores, key=lambda name: scores[name])
+    for i, row in enumerate(rows):
+        row["predicted"] = {name: m["predicted"][i] for name, m in methods.items() if "predicted" in m}
+        row["leave_one_out_predicted"] = {
+            name: m["leave_one_out"][i] for name, m in methods.items() if "leave_one_out" in m
+        }
+    for m in methods.values():
+        m.pop("predicted", None)
+        m.pop("leave_one_out", None)
+    target.update(methods[chosen]["target"], method=chosen, measured_loss=measured)
+    result = {
+        "N": "active non-embedding parameters",
+        "D": "training tokens",
+        "loss": config.loss,
+        "pre_check": {
+            "points": [rows[i]["label"] for i in checked],
+            "mean_abs_relative_error": scores,
+            "chosen": chosen,
+            "rule": "each of the grid's largest-compute points is predicted by the method fitted to the "
+            "others; the method with the smallest mean absolute relative error predicts the target",
+        },
+        "methods": methods,
         "points": rows,
         "target": target,
     }
     write_json(os.path.join(config.output, "fit.json"), result)
-    plot_fit(result, law, os.path.join(config.output, "fit.png"))
+    plot_fit(result, predictors, os.path.join(config.output, "fit.png"))
     print(format_result(result), flush=True)
     return result
 
 
 def format_result(result: dict[str, Any]) -> str:
-    """A few lines: the law, goodness of fit, and the target's prediction (and error)."""
-    p, fit, t = result["parameters"], result["fit"], result["target"]
-    loo = fit["leave_one_out_rmse"]  # None when no n - 1 points can determine the law
+    """A few lines: each method's prediction (and error), the pre-check, the chosen prediction."""
+    t = result["target"]
     lines = [
-        f"L(N, D) = {p['E']:.3f} + {p['A']:.4g}/N^{p['alpha']:.3f} + {p['B']:.4g}/D^{p['beta']:.3f}",
-        f"{fit['num_points']} points: R² {fit['r2']:.4f}, RMSE {fit['rmse']:.4f}, "
-        f"leave-one-out RMSE {'-' if loo is None else f'{loo:.4f}'}",
-        f"target {t['label']} (N={t['active_non_embedding_params']:,}, D={t['tokens']:,}): predicted "
-        f"{t['predicted_loss']:.4f}, {t['interval']['level']:.0%} interval "
-        f"[{t['interval']['low']:.4f}, {t['interval']['high']:.4f}]",
+        f"target {t['label']} (N={t['active_non_embedding_params']:,}, D={t['tokens']:,}, "
+        f"C={t['compute_flops']:.3g})"
+        + ("" if t["measured_loss"] is None else f": measured {t['measured_loss']:.4f}")
     ]
-    if t["error"] is not None:
-        e = t["error"]
-        inside = "inside" if e["inside_interval"] else "outside"
-        lines.append(
-            f"measured {t['measured_loss']:.4f}: error {e['absolute']:+.4f} ({e['relative']:+.2%}), "
-            f"{inside} the interval"
+    check = result["pre_check"]["mean_abs_relative_error"]
+    for name, m in result["methods"].items():
+        if "unavailable" in m:
+            lines.append(f"  {name:<11} unavailable: {m['unavailable']}")
+            continue
+        p = m["target"]
+        score = check.get(name)
+        line = (
+            f"  {name:<11} predicted {p['predicted_loss']:.4f} [{p['interval']['low']:.4f}, "
+            f"{p['interval']['high']:.4f}]"
         )
+        if p["error"] is not None:
+            line += f", error {p['error']['relative']:+.2%}"
+        line += f"; pre-check {'-' if score is None else f'{score:.2%}'}"
+        if "fit" in m:
+            line += f", leave-one-out RMSE {m['fit']['leave_one_out_rmse'] or float('nan'):.4f}"
+        lines.append(line)
+    e = t["error"]
+    verdict = (
+        ""
+        if e is None
+        else f": error {e['relative']:+.2%}, {'inside' if e['inside_interval'] else 'outside'} the interval"
+    )
+    lines.append(
+        f"prediction ({t['method']}, chosen by the pre-check on {', '.join(result['pre_check']['points'])}): "
+        f"{t['predicted_loss']:.4f}, {t['interval']['level']:.0%} interval "
+        f"[{t['interval']['low']:.4f}, {t['interval']['high']:.4f}]{verdict}"
+    )
     return "\n".join(lines)
 
 
@@ -348,7 +541,8 @@ def preview(config: ScalingFitConfig) -> str:
     target = _row(config.target)
     width = max(len(r["label"]) for r in [*rows, target]) + 2
     lines = [
-        f"fit {LAW} to {len(rows)} points (N: active non-embedding parameters, D: tokens); "
+        f"fit {', '.join([*config.laws, *(['isoflop'] if config.isoflop else [])])} to {len(rows)} points "
+        f"(N: active non-embedding parameters, D: tokens); check each on the {config.pre_check} largest; "
         f"predict the target with a {config.level:.0%} interval",
         f"  {'point':<{width}}{'N':>12}{'D':>14}{'6ND (FLOPs)':>14}",
     ]

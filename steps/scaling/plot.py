@@ -8,13 +8,18 @@ from typing import Any
 import numpy as np
 
 from steps.files import save_figure
-from steps.scaling.law import LawFit
 
 __all__ = ["plot_fit"]
 
+_MARKERS = {"chinchilla": "s", "kaplan": "D", "isoflop": "^"}
 
-def plot_fit(result: dict[str, Any], law: LawFit, png_path: str) -> None:
-    """Loss against N per token budget with the fitted curves and the target; predicted vs measured."""
+
+def plot_fit(result: dict[str, Any], predictors: dict[str, Any], png_path: str) -> None:
+    """Loss against N per token budget with the chosen method's curves and every method's prediction
+    for the target; beside it the chosen method's predicted against measured loss.
+
+    `predictors` maps a method to an object with `predict(n, d)` (a `LawFit` or an `IsoflopFit`).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -22,6 +27,12 @@ def plot_fit(result: dict[str, Any], law: LawFit, png_path: str) -> None:
     from matplotlib.ticker import NullFormatter
 
     rows, target = result["points"], result["target"]
+    chosen = target["method"]
+    model = predictors[chosen]
+
+    def curve(n: np.ndarray, d: float) -> np.ndarray:
+        return np.array([model.predict(float(x), float(d)) for x in n])
+
     budgets = sorted({r["tokens"] for r in rows} | {target["tokens"]})
     colors = plt.get_cmap("viridis")(np.linspace(0.0, 0.85, len(budgets)))
     all_n = [r["active_non_embedding_params"] for r in rows] + [target["active_non_embedding_params"]]
@@ -31,7 +42,7 @@ def plot_fit(result: dict[str, Any], law: LawFit, png_path: str) -> None:
         grid = [r for r in rows if r["tokens"] == tokens]
         label = None if grid else f"fit at the target's D = {tokens:,}"
         style = "-" if grid else "--"
-        left.plot(curve_n, law.predict(curve_n, tokens), style, color=color, linewidth=1.2, label=label)
+        left.plot(curve_n, curve(curve_n, tokens), style, color=color, linewidth=1.2, label=label)
         if grid:
             left.plot(
                 [r["active_non_embedding_params"] for r in grid],
@@ -42,15 +53,24 @@ def plot_fit(result: dict[str, Any], law: LawFit, png_path: str) -> None:
             )
     t_n, interval = target["active_non_embedding_params"], target["interval"]
     predicted = target["predicted_loss"]
-    left.errorbar(
-        [t_n],
-        [predicted],
-        yerr=[[predicted - interval["low"]], [interval["high"] - predicted]],
-        fmt="D",
-        color="tab:red",
-        capsize=4,
-        label=f"target prediction, {interval['level']:.0%} interval (D = {target['tokens']:,})",
-    )
+    for offset, (name, method) in zip(
+        np.linspace(0.94, 1.06, len(result["methods"])), result["methods"].items(), strict=True
+    ):
+        if "unavailable" in method:
+            continue
+        p = method["target"]
+        left.errorbar(
+            [t_n * offset],
+            [p["predicted_loss"]],
+            yerr=[
+                [p["predicted_loss"] - p["interval"]["low"]],
+                [p["interval"]["high"] - p["predicted_loss"]],
+            ],
+            fmt=_MARKERS.get(name, "o"),
+            color="tab:red" if name == chosen else "tab:gray",
+            capsize=4,
+            label=f"{name}{' (chosen)' if name == chosen else ''}: {p['interval']['level']:.0%} interval",
+        )
     if target["measured_loss"] is not None:
         left.plot(
             [t_n], [target["measured_loss"]], "*", color="black", markersize=12, label="target measured"
@@ -63,17 +83,18 @@ def plot_fit(result: dict[str, Any], law: LawFit, png_path: str) -> None:
     left.set_xlabel("N: active non-embedding parameters")
     left.set_ylabel(f"validation loss ({result['loss']}, nats/token)")
     left.set_title(
-        "L = {E:.2f} + {A:.3g}/N^{alpha:.2f} + {B:.3g}/D^{beta:.2f}".format(**result["parameters"]),
-        fontsize=9,
+        f"{chosen}: " + (model.formula() if hasattr(model, "formula") else "IsoFLOP profiles"), fontsize=9
     )
     left.grid(alpha=0.3, which="both")
     left.legend(fontsize=7)
 
     measured = [r["loss"] for r in rows]
-    fitted = [r["predicted"] for r in rows]
-    right.plot(measured, fitted, "o", color="tab:blue", label="grid points (in-sample)")
+    fitted = [r["predicted"][chosen] for r in rows]
+    right.plot(measured, fitted, "o", color="tab:blue", label=f"grid points, {chosen} (in-sample)")
     held = [
-        (r["loss"], r["leave_one_out_predicted"]) for r in rows if r["leave_one_out_predicted"] is not None
+        (r["loss"], r["leave_one_out_predicted"][chosen])
+        for r in rows
+        if r["leave_one_out_predicted"].get(chosen) is not None
     ]
     if held:
         right.plot(*zip(*held, strict=True), "x", color="tab:gray", label="grid points (leave-one-out)")

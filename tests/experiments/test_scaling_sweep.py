@@ -17,18 +17,21 @@ from pipeline import StepDeclarationError
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# 3 sizes x 2 budgets: six points for five parameters, and a larger target, each only a few steps.
+# 4 sizes x 3 budgets, each only a few steps, and a larger target: enough points for both laws and for
+# IsoFLOP profiles on three compute budgets, so every method runs end to end.
 REDUCED = """
 from experiments.scaling_sweep import build
 from pipeline import executor_main
 
 if __name__ == "__main__":
-    executor_main(build(sizes=(16, 24, 32), budgets=(12, 24), target=(48, 30), batch_size=4, seq_len=64))
+    executor_main(
+        build(sizes=(16, 24, 32, 40), budgets=(12, 24, 48), target=(64, 48), batch_size=4, seq_len=64)
+    )
 """
 
 
 def run(experiment: Path, prefix: Path, *extra: str) -> subprocess.CompletedProcess:
-    # Seven tiny trainings spend most of their time compiling: XLA's cheapest compile is plenty here.
+    # Thirteen tiny trainings spend most of their time compiling: XLA's cheapest compile is plenty here.
     flags = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled", "XLA_FLAGS": flags}
     command = [sys.executable, "-m", "pipeline", "run", str(experiment), "--prefix", str(prefix)]
@@ -54,20 +57,26 @@ def test_plan_shows_the_grid_and_runs_nothing(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
-    grid = [line.split() for line in lines if line.strip().startswith(("d32-", "d48-", "d64-", "d96-"))]
+    grid = [
+        line.split()
+        for line in lines
+        if line.strip().startswith(("d24-", "d32-", "d40-", "d48-", "d64-", "d96-"))
+    ]
     assert [row[0] for row in grid] == [
-        *(f"d{h}-s{s}" for h in (32, 48, 64) for s in (150, 300, 600)),
+        *(f"d{h}-s{s}" for h in (24, 32, 40, 48, 64) for s in (250, 500, 1000)),
         "d96-s1000",
     ]
     assert grid[-1][-2:] == ["<-", "target"]
-    assert grid[0][1:3] == ["31,168", "153,600"]  # N (active non-embedding parameters), D (tokens)
+    assert grid[0][1:3] == ["17,616", "256,000"]  # N (active non-embedding parameters), D (tokens)
+    # The target's compute is at least twice the grid's largest.
+    assert float(grid[-1][3]) >= 2 * max(float(row[3]) for row in grid[:-1])
     assert not (tmp_path / "runs" / "train").exists()
 
 
 def test_a_run_longer_than_the_mixture_is_refused_naming_the_step():
     with pytest.raises(StepDeclarationError) as e:
-        build(budgets=(150, 300, 1200))
-    assert e.value.step == "train/scaling/d32-s1200" and e.value.field == "num_steps"
+        build(budgets=(250, 500, 1200))
+    assert e.value.step == "train/scaling/d24-s1200" and e.value.field == "num_steps"
 
 
 @pytest.mark.slow
@@ -81,14 +90,27 @@ def test_reduced_sweep_fits_predicts_and_reruns_cached(tmp_path):
     (fit_dir,) = prefix.glob("scaling/fit-*")
     fit = json.loads((fit_dir / "fit.json").read_text())
     assert (fit_dir / "fit.png").stat().st_size > 0
-    assert set(fit) >= {"law", "parameters", "fit", "points", "target"}
-    assert set(fit["parameters"]) == {"E", "A", "alpha", "B", "beta"}
-    assert all(finite(v) for v in fit["parameters"].values())
-    assert all(finite(fit["fit"][k]) for k in ("r2", "rmse", "rmse_log", "objective"))
-    assert len(fit["points"]) == 6
+    assert set(fit) >= {"methods", "pre_check", "points", "target"}
+    assert set(fit["methods"]) == {"chinchilla", "kaplan", "isoflop"}
+    for name in ("chinchilla", "kaplan"):
+        method = fit["methods"][name]
+        assert len(method["parameters"]) == 5 and all(finite(v) for v in method["parameters"].values())
+        assert all(finite(method["fit"][k]) for k in ("r2", "rmse", "rmse_log", "objective"))
+    isoflop = fit["methods"]["isoflop"]
+    assert "unavailable" not in isoflop, isoflop
+    assert len(isoflop["profiles"]) >= 3 and all(len(p["sizes"]) >= 3 for p in isoflop["profiles"])
+    # Every method was checked on the three largest points and predicted the target.
+    assert fit["pre_check"]["points"] == ["d40-s48", "d32-s48", "d40-s24"]
+    assert fit["pre_check"]["chosen"] in fit["methods"]
+    for method in fit["methods"].values():
+        prediction = method["target"]
+        assert prediction["interval"]["low"] <= prediction["predicted_loss"] <= prediction["interval"]["high"]
+        assert finite(prediction["error"]["relative"])
+        assert len(method["pre_check"]["relative_errors"]) == 3
+    assert len(fit["points"]) == 12
     for point in fit["points"]:
-        assert all(finite(point[k]) for k in ("loss", "predicted", "residual", "active_non_embedding_params"))
-        assert point["loss"] > 0
+        assert all(finite(point[k]) for k in ("loss", "active_non_embedding_params", "compute_flops"))
+        assert all(finite(v) for v in point["predicted"].values()) and point["loss"] > 0
     # Each point's loss is the one its own evaluation measured.
     by_label = {p["label"]: p for p in fit["points"]}
     (evaluation,) = prefix.glob("evaluate/scaling/d24-s12-*")
@@ -97,7 +119,8 @@ def test_reduced_sweep_fits_predicts_and_reruns_cached(tmp_path):
         == by_label["d24-s12"]["loss"]
     )
     target = fit["target"]
-    assert target["label"] == "d48-s30" and target["tokens"] == 30 * 4 * 64
+    assert target["label"] == "d64-s48" and target["tokens"] == 48 * 4 * 64
+    assert target["method"] == fit["pre_check"]["chosen"]
     assert finite(target["predicted_loss"]) and finite(target["measured_loss"])
     assert target["interval"]["low"] <= target["predicted_loss"] <= target["interval"]["high"]
     error = target["error"]
@@ -107,5 +130,5 @@ def test_reduced_sweep_fits_predicts_and_reruns_cached(tmp_path):
     second = run(experiment, prefix, "--json")
     assert second.returncode == 0, second.stderr[-4000:]
     steps = json.loads(second.stdout)["steps"]
-    assert len(steps) == 2 + 1 + 7 + 7 + 1  # tokenize x2, mixture, train x7, evaluate x7, fit
+    assert len(steps) == 2 + 1 + 13 + 13 + 1  # tokenize x2, mixture, train x13, evaluate x13, fit
     assert {s["state"] for s in steps} == {"CACHED"}

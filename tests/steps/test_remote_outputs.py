@@ -664,7 +664,9 @@ def test_the_scaling_fit_reads_its_evaluations_and_writes_its_files_by_url(url, 
     assert scaling_report(config) is None  # nothing written yet
     scaling_fit(config)
     fit = json.loads(cat(f"{url}/fit/fit.json"))
-    assert fit["fit"]["num_points"] == 9 and fit["target"]["measured_loss"] is not None
+    assert (
+        fit["methods"]["chinchilla"]["fit"]["num_points"] == 9 and fit["target"]["measured_loss"] is not None
+    )
     with fsspec.open(f"{url}/fit/fit.png", "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert f"fit:  {url}/fit/fit.json" in scaling_report(config)
