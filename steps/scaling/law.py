@@ -329,19 +329,14 @@ def leave_one_out(
     form: str = "chinchilla",
     huber_delta: float = HUBER_DELTA,
     start: LawFit | None = None,
-    only: Sequence[int] | None = None,
 ) -> list[float | None]:
-    """Each point's loss as predicted by a fit to the other points (None where they cannot fit, or
-    where `only`, a list of indices, leaves the point out of the check).
+    """Each point's loss as predicted by a fit to the other points (None where they cannot fit).
 
     `start` (e.g. the fit to all points) starts each refit instead of the grid of starts.
     """
     n, d, loss = _as_arrays(n, d, loss)
     out: list[float | None] = []
     for i in range(len(n)):
-        if only is not None and i not in only:
-            out.append(None)
-            continue
         keep = np.arange(len(n)) != i
         try:
             law = fit_law(n[keep], d[keep], loss[keep], form=form, huber_delta=huber_delta, start=start)
