@@ -337,7 +337,8 @@ def _fit_law_method(
     target: dict[str, Any],
     measured: float | None,
     checked: list[int],
-) -> tuple[dict[str, Any], LawFit]:
+) -> tuple[dict[str, Any], LawFit, list[float | None]]:
+    """The law's entry of fit.json, the law, and each grid point's leave-one-out prediction."""
     n, d, loss = arrays
     law = fit_law(n, d, loss, form=form, huber_delta=config.huber_delta)
     quality = goodness_of_fit(law, n, d, loss)
@@ -371,14 +372,12 @@ def _fit_law_method(
             "max_abs_residual": quality["max_abs_residual"],
             "leave_one_out_rmse": float(np.sqrt(np.mean(np.square(loo_errors)))) if loo_errors else None,
         },
-        "predicted": quality["predicted"],
-        "leave_one_out": loo,
         "pre_check": _pre_check([loo[i] for i in checked], [float(loss[i]) for i in checked]),
         "target": _prediction(
             float(law.predict(t_n, t_d)), low, high, config, measured, "residual bootstrap in log space"
         ),
     }
-    return method, law
+    return method, law, loo
 
 
 def _fit_isoflop_method(
@@ -408,7 +407,6 @@ def _fit_isoflop_method(
     method = {
         "kind": "isoflop",
         **fit.as_dict(),
-        "predicted": [fit.predict(a, b) for a, b in zip(n, d, strict=True)],
         "pre_check": _pre_check(held_out, [float(loss[i]) for i in checked]),
         "target": {
             **_prediction(
@@ -450,8 +448,11 @@ def scaling_fit(config: ScalingFitConfig) -> dict[str, Any]:
     checked = _pre_check_points(rows, config.pre_check)
     methods: dict[str, dict[str, Any]] = {}
     predictors: dict[str, Any] = {}
+    held_out: dict[str, list[float | None]] = {}
     for form in config.laws:
-        methods[form], predictors[form] = _fit_law_method(form, config, arrays, target, measured, checked)
+        methods[form], predictors[form], held_out[form] = _fit_law_method(
+            form, config, arrays, target, measured, checked
+        )
     if config.isoflop:
         methods["isoflop"], iso = _fit_isoflop_method(config, arrays, target, measured, checked)
         if iso is not None:
@@ -467,13 +468,11 @@ def scaling_fit(config: ScalingFitConfig) -> dict[str, Any]:
         )
     chosen = min(scores, key=lambda name: scores[name])
     for i, row in enumerate(rows):
-        row["predicted"] = {name: m["predicted"][i] for name, m in methods.items() if "predicted" in m}
-        row["leave_one_out_predicted"] = {
-            name: m["leave_one_out"][i] for name, m in methods.items() if "leave_one_out" in m
+        row["predicted"] = {
+            name: float(model.predict(row["active_non_embedding_params"], row["tokens"]))
+            for name, model in predictors.items()
         }
-    for m in methods.values():
-        m.pop("predicted", None)
-        m.pop("leave_one_out", None)
+        row["leave_one_out_predicted"] = {name: loo[i] for name, loo in held_out.items()}
     target.update(methods[chosen]["target"], method=chosen, measured_loss=measured)
     result = {
         "N": "active non-embedding parameters",
