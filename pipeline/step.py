@@ -178,6 +178,12 @@ class StepHooks:
     when the step starts and recorded in `.step.json`; each later plan lists them again and notes
     on the cached step what changed ("input listing changed: 1 file modified"). Raising means
     the listing cannot be read: the step fails with that error."""
+    check: Callable[[Any], Any] | None = None
+    """`check(config) -> None`: the checks a step library's helper makes when it declares the step,
+    for a config that did not come through the helper (a step rebuilt from a shared manifest,
+    which anyone may have edited). It sees the config with versioned values unwrapped and paths
+    still placeholders. Raises `ValueError("field: what is wrong")`; the engine calls it before
+    anything runs and turns it into one error naming the step and field."""
 
 
 NO_HOOKS = StepHooks()
@@ -195,6 +201,7 @@ def step_function(
     metrics: Callable[[Any], Any] | None = None,
     fresh_process: bool = False,
     inputs: Callable[[Any], Any] | None = None,
+    check: Callable[[Any], Any] | None = None,
 ) -> Any:
     """Declare a step function and its hooks; usable bare (`@step_function`) or with arguments.
 
@@ -204,7 +211,7 @@ def step_function(
     The function itself is returned unchanged (it stays importable under its own name); the hooks
     are read with `hooks_of`.
     """
-    hooks = StepHooks(preview, report, metrics, fresh_process, inputs)
+    hooks = StepHooks(preview, report, metrics, fresh_process, inputs, check)
 
     def declare(function: F) -> F:
         setattr(function, _HOOKS_ATTRIBUTE, hooks)

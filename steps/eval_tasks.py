@@ -10,6 +10,12 @@ whose data are JSON-lines files, and how they become lm-eval task objects, offli
 Nothing is fetched from a hub: the step runs with `HF_DATASETS_OFFLINE` and `HF_HUB_OFFLINE` set,
 and a task whose data is not where it is said to be is one clear error naming the task and path.
 Names are checked when the step is declared, against lm-eval's task files (suggesting close names).
+
+An inline task is data, not code (a shared manifest may carry one that anybody edited): its
+templates are a sandboxed subset of Jinja (`steps.task_templates`), its metrics are names from
+`METRICS` (never a path or a Hub metric, which lm-eval would load and run), and it has no field
+for lm-eval's `!function`, `process_docs`, `class` or `include`. A registry task is only named:
+its code is the installed lm-eval's.
 """
 
 from __future__ import annotations
@@ -22,7 +28,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from steps.task_templates import TEMPLATE_FIELDS, TaskTemplate, TemplateError, compile_template
+
 __all__ = [
+    "METRICS",
     "OUTPUT_TYPES",
     "EvalTask",
     "check_tasks",
@@ -33,6 +42,15 @@ __all__ = [
 ]
 
 OUTPUT_TYPES = ("multiple_choice", "loglikelihood", "loglikelihood_rolling", "generate_until")
+METRICS = frozenset(
+    {
+        "acc", "acc_all", "acc_bytes", "acc_mutual_info", "acc_norm", "bits_per_byte", "bleu",
+        "brier_score", "byte_perplexity", "chrf", "exact_match", "f1", "likelihood", "mcc",
+        "perplexity", "ter", "word_perplexity",
+    }
+)  # fmt: skip
+"""Metrics an inline task may ask for: lm-eval's own (its metric registry). Any other name would
+make lm-eval load it with Hugging Face `evaluate`, which runs the code of a metric script."""
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
 
@@ -179,6 +197,8 @@ def check_tasks(
             task = as_task(raw)
         except (TypeError, ValueError) as e:
             raise ValueError(f"{where}: {e}") from e
+        if type(task) is not EvalTask:  # a subclass, as a manifest may name, could carry code
+            raise ValueError(f"{where}: a task is an EvalTask, not a {type(task).__name__}")
         if not isinstance(task.name, str) or not _NAME.match(task.name):
             raise ValueError(f"{where}.name: {task.name!r} is not a task name (letters, digits, _ . -)")
         if not isinstance(task.num_fewshot, int) or task.num_fewshot < 0:
@@ -208,6 +228,7 @@ def _check_registry(task: EvalTask, where: str, task_data: str | None) -> None:
 
 
 def _check_inline(task: EvalTask, where: str, data_root: str | None) -> None:
+    _check_inline_fields(task, where)
     if task.output_type not in OUTPUT_TYPES:
         raise ValueError(f"{where}.output_type: {task.output_type!r} is not one of {', '.join(OUTPUT_TYPES)}")
     if not isinstance(task.data, dict) or not task.data:
@@ -228,6 +249,32 @@ def _check_inline(task: EvalTask, where: str, data_root: str | None) -> None:
         local = resolve_data_path(path, data_root)
         if "://" not in local and not os.path.isfile(local):
             raise ValueError(f"{where}.data[{split!r}]: task data missing: no file {local}")
+
+
+def _check_inline_fields(task: EvalTask, where: str) -> None:
+    """An inline task is data: strings where strings go, templates in the sandboxed subset,
+    metrics by lm-eval's own names."""
+    for name in ("output_type", "test_split", "target_delimiter", "fewshot_delimiter"):
+        if not isinstance(getattr(task, name), str):
+            raise ValueError(f"{where}.{name}: a string, not {type(getattr(task, name)).__name__}")
+    if task.fewshot_split is not None and not isinstance(task.fewshot_split, str):
+        raise ValueError(f"{where}.fewshot_split: a string, not {type(task.fewshot_split).__name__}")
+    for name in TEMPLATE_FIELDS:
+        value = getattr(task, name)
+        if value is None:
+            continue
+        try:
+            compile_template(value)
+        except TemplateError as e:
+            raise ValueError(f"{where}.{name}: {e}") from e
+    if not isinstance(task.metrics, tuple) or not task.metrics:
+        raise ValueError(f"{where}.metrics: give a tuple of metric names")
+    for i, metric in enumerate(task.metrics):
+        if not isinstance(metric, str) or metric not in METRICS:
+            raise ValueError(
+                f"{where}.metrics[{i}]: {metric!r} is not one of lm-eval's metrics "
+                f"({', '.join(sorted(METRICS))}); an inline task names no other code"
+            )
 
 
 def resolve_data_path(path: str, data_root: str | None) -> str:
@@ -251,17 +298,21 @@ def lm_eval_spec(task: EvalTask, files: Mapping[str, str] | None) -> dict[str, A
         spec.update(dataset_path="json", dataset_name=None, dataset_kwargs={"data_files": dict(files)})
     if not task.inline:
         return spec
+    # Templates go to lm-eval compiled in the sandbox, as callables: lm-eval then calls them
+    # instead of rendering the strings with its own (unsandboxed) Jinja environment.
+    choices = task.doc_to_choice is not None
+    assert task.doc_to_text is not None and task.doc_to_target is not None  # check_tasks saw to it
     spec.update(
         output_type=task.output_type,
         test_split=task.test_split,
-        doc_to_text=task.doc_to_text,
-        doc_to_target=task.doc_to_target,
+        doc_to_text=TaskTemplate(task.doc_to_text, "doc_to_text", choices),
+        doc_to_target=TaskTemplate(task.doc_to_target, "doc_to_target", choices),
         target_delimiter=task.target_delimiter,
         fewshot_delimiter=task.fewshot_delimiter,
         metric_list=[{"metric": m, "aggregation": "mean", "higher_is_better": True} for m in task.metrics],
     )
     if task.doc_to_choice is not None:
-        spec["doc_to_choice"] = task.doc_to_choice
+        spec["doc_to_choice"] = TaskTemplate(task.doc_to_choice, "doc_to_choice", choices)
     if task.fewshot_split is not None:
         spec["fewshot_split"] = task.fewshot_split
     return spec

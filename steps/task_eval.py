@@ -517,4 +517,10 @@ def preview(config: TaskEvalConfig) -> dict[str, Any]:
     return out
 
 
-step_function(task_eval, preview=preview, report=report, metrics=metrics)
+def check(config: TaskEvalConfig) -> None:
+    """The checks `task_eval_step` makes, for a config rebuilt from a manifest: the tasks are data
+    (sandboxed templates, known metrics) and their files are where they are said to be."""
+    check_tasks(config.tasks, config.data_root, config.task_data)
+
+
+step_function(task_eval, preview=preview, report=report, metrics=metrics, check=check)

@@ -31,9 +31,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import PurePath
 from typing import Any
 
+from pipeline.core.configs import resolve_config
 from pipeline.core.dag import RECIPE_MODULE, Dag
 from pipeline.errors import StepDeclarationError
-from pipeline.step import OutputOf, Resources, Step, ThisOutput, Versioned, is_step_function
+from pipeline.step import OutputOf, Resources, Step, ThisOutput, Versioned, hooks_of, is_step_function
 from pipeline.storage.manifests import load_manifest
 
 __all__ = [
@@ -421,6 +422,7 @@ def steps_from_manifest(
                 field="fn",
             )
         config = decode_value(recipe["config"], rebuilt, resolve, name)
+        _run_check(fn, config, name)
         resources = decode_value(recipe["resources"], rebuilt, resolve, name, "resources")
         if not isinstance(resources, Resources):
             raise RecipeError(name, "recorded resources are not a Resources", field="resources")
@@ -434,6 +436,22 @@ def steps_from_manifest(
         )
     roots = [rebuilt[label] for label in manifest.get("roots", []) if label in rebuilt]
     return list(rebuilt.values()), roots or list(rebuilt.values())
+
+
+def _run_check(fn: Callable[..., Any], config: Any, name: str | None) -> None:
+    """The step library's own checks of a rebuilt config (`StepHooks.check`): a manifest's config
+    did not come through the helper that checks it when a file declares the step."""
+    check = hooks_of(fn).check
+    if check is None:
+        return
+    try:
+        # Versioned values unwrapped, as the helper saw them; paths stay placeholders.
+        check(resolve_config(config, lambda placeholder: placeholder))  # type: ignore[arg-type,return-value]
+    except ValueError as e:
+        field, sep, message = str(e).partition(": ")
+        if not sep or " " in field.split("(")[0].strip():
+            field, message = "config", str(e)
+        raise RecipeError(name, message, field=field) from e
 
 
 def _check_code(entry: Any) -> None:
