@@ -38,12 +38,22 @@ def _adopt(target: str, argv: Sequence[str]) -> int:
         dag = build_dag(loaded.steps, resolve_prefix(loaded.config.prefix))
         label = find_step(dag, wanted, target)
         store = StepStore(open_storage(dag.prefix))
-        adopted = adopt(dag, store, label, source, Owner.current())
+        adopted = adopt(
+            dag,
+            store,
+            label,
+            source,
+            Owner.current(),
+            lease_timeout=loaded.config.lease_timeout,
+            heartbeat_interval=loaded.config.heartbeat_interval,
+        )
         when = datetime.datetime.fromtimestamp(adopted["at"]).isoformat(timespec="seconds")
         print(
             f"adopted {source} ({adopted['files']} files) as {label} at {dag.nodes[label].output_path}\n"
             f"  by {adopted['by']} at {when}; pinned, so drydock gc keeps it"
         )
+        if adopted.get("skipped"):
+            print(f"  skipped {len(adopted['skipped'])}: {'; '.join(adopted['skipped'])}")
         return 0
 
     return load(target, options, body)

@@ -22,12 +22,11 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 import fsspec
-from fsspec.implementations.local import LocalFileSystem
 
 from pipeline.errors import StorageAccessDenied, StorageError
 from pipeline.storage.layout import TMP_PREFIX
@@ -155,13 +154,39 @@ class Storage:
         return self._retrying("read", path, once)
 
     def delete(self, path: str, recursive: bool = False) -> None:
-        """Remove the file `path`, or with `recursive` the directory and all below it; absent is fine."""
+        """Remove the file `path`, or with `recursive` the directory and all below it; absent is fine.
+
+        Exact names only: fsspec's `rm` expands `[`, `?` and `*` in a path as a glob (deleting
+        `results1.json` for `results[1].json`, or recursing forever on `x?y`), so the keys are
+        listed under `path` and each is deleted by name."""
 
         def once() -> None:
-            with contextlib.suppress(FileNotFoundError):
-                self.fs.rm(path, recursive=recursive)
+            self.fs.invalidate_cache(path)
+            found = self.fs.find(path, withdirs=True, detail=True) if recursive else {}
+            keys = [key for key, info in found.items() if info.get("type") != "directory"]
+            if not found and self.fs.isfile(path):
+                keys = [path]
+            if len(keys) < 64:
+                for key in keys:
+                    self._remove_key(key)
+            else:
+                with ThreadPoolExecutor(16) as pool:
+                    list(pool.map(self._remove_key, keys))
+            if recursive and not isinstance(self, ConditionalStorage):
+                # Stores with directories (memory://) keep them empty: remove them deepest first.
+                # Never on object stores, where removing the "directory" of a bucket's root
+                # would remove the bucket.
+                dirs = [key for key, info in found.items() if info.get("type") == "directory"]
+                for directory in sorted({*dirs, path}, key=len, reverse=True):
+                    with contextlib.suppress(OSError):
+                        self.fs.rmdir(directory)
+            self.fs.invalidate_cache(path)
 
         self._retrying("delete", path, once)
+
+    def _remove_key(self, key: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(key)
 
     def disk_usage(self, path: str) -> int:
         """Total bytes of the files under `path` (0 if it does not exist)."""
@@ -173,34 +198,6 @@ class Storage:
                 return 0
 
         return self._retrying("measure", path, once)
-
-    def copy_in(self, source: str, directory: str, skip: Collection[str] = ()) -> list[str]:
-        """Copy the files under `source` (a directory: a path or URL, maybe in another store) into
-        `directory`, keeping their relative names, except entries at the top named in `skip`.
-        Returns the relative names copied. Within one store the store copies; across stores the
-        bytes go through this process. Each file is written whole (`write`)."""
-        src_fs, src = fsspec.core.url_to_fs(source)
-        src = src.rstrip("/")
-        names = []
-        for path in sorted(src_fs.find(src)):
-            rel = path[len(src) + 1 :]
-            if rel.split("/", 1)[0] in skip:
-                continue
-            target = f"{directory.rstrip('/')}/{rel}"
-            if isinstance(src_fs, LocalFileSystem) and isinstance(self.fs, LocalFileSystem):
-                # Beside the target, then renamed: whole or not at all, without holding it in memory.
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                temporary = f"{os.path.dirname(target)}/{TMP_PREFIX}{os.path.basename(target)}"
-                shutil.copyfile(path, temporary)
-                os.replace(temporary, target)
-            elif type(src_fs) is type(self.fs):
-                self._retrying("copy", target, lambda p=path, t=target: self.fs.copy(p, t))
-            elif isinstance(src_fs, LocalFileSystem):  # uploaded in parts, committed whole
-                self._retrying("upload", target, lambda p=path, t=target: self.fs.put_file(p, t))
-            else:
-                self.write(target, src_fs.cat_file(path))
-            names.append(rel)
-        return names
 
     def check_writable(self, prefix: str) -> None:
         """Raise a StorageError unless files can be created under `prefix`."""
@@ -399,7 +396,16 @@ class LocalStorage(Storage):
                 f"delete {path!r}: it resolves to {os.path.realpath(local)!r}, outside the prefix "
                 f"{self.root!r} (through a symbolic link); not deleted"
             )
-        super().delete(path, recursive=recursive)
+        try:
+            # By name, never as a glob; rmtree removes links inside, not what they point to.
+            if recursive and os.path.isdir(local):
+                shutil.rmtree(local)
+            else:
+                os.unlink(local)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise StorageError(f"delete {path!r}: {e.strerror or e}") from e
 
     def check_writable(self, prefix: str) -> None:
         path = self._local(prefix)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -126,3 +127,115 @@ def test_adopting_into_an_object_store_prefix_from_local_disk_and_from_the_store
             assert fs.cat_file(f"drydock-adopt/runs-{n}/{label}/rows.jsonl") == rows
             plan = run_experiment([hello.counts], ExecutorMainConfig(prefix=prefix, dry_run=True))
             assert plan.steps[label].state.value == "CACHED" and plan.steps[label].reason == "cached"
+
+
+def step_dir_of(prefix: Path) -> Path | None:
+    found = list(prefix.glob("raw/hello-*"))
+    return found[0] if found else None
+
+
+def test_entries_that_may_not_be_copied_are_refused_in_one_line_and_nothing_is_written(tmp_path):
+    secret = tmp_path / "credentials"
+    secret.write_text("aws_secret_access_key = hunter2\n")
+    cases = {
+        "a link leaving FROM": lambda d: (d / "creds").symlink_to(secret),
+        "a dangling or looping link": lambda d: (d / "gone").symlink_to(d / "nowhere"),
+        "a dangling or looping link ": lambda d: (
+            (d / "a").symlink_to(d / "b"),
+            (d / "b").symlink_to(d / "a"),
+        ),
+        "a named pipe": lambda d: os.mkfifo(d / "sub" / "pipe"),
+        "a link leaving FROM ": lambda d: (d / "up").symlink_to(tmp_path),  # to a directory
+    }
+    for n, (what, make) in enumerate(cases.items()):
+        source = tmp_path / f"from-{n}"
+        (source / "sub").mkdir(parents=True)
+        (source / "rows.jsonl").write_text('{"id": 0, "value": 1}\n')
+        (source / "sub" / "more.jsonl").write_text('{"id": 1, "value": 2}\n')
+        make(source)
+        prefix = tmp_path / f"prefix-{n}"
+        result = drydock("adopt", "experiments/hello.py", "raw/hello", str(source), "--prefix", str(prefix))
+        assert result.returncode == 2, (what, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+        assert lines[0].startswith(
+            f"error: step 'raw/hello', field `from`: {source} holds entries adopt does not"
+        )
+        assert f"({what.strip()})" in lines[0], lines[0]
+        step_dir = step_dir_of(prefix)
+        assert step_dir is None or not any(step_dir.iterdir()), list(step_dir.iterdir())
+        assert "hunter2" not in "".join(p.read_text() for p in prefix.rglob("*") if p.is_file())
+
+
+def test_a_link_to_a_directory_inside_from_is_skipped_and_said_so(tmp_path):
+    source = tmp_path / "from"
+    (source / "step-100").mkdir(parents=True)
+    (source / "step-100" / "rows.jsonl").write_text('{"id": 0, "value": 1}\n')
+    (source / "latest").symlink_to(source / "step-100")
+    (source / "rows.jsonl").symlink_to(source / "step-100" / "rows.jsonl")  # a file link inside: copied
+    prefix = tmp_path / "prefix"
+    result = drydock("adopt", "experiments/hello.py", "raw/hello", str(source), "--prefix", str(prefix))
+    assert result.returncode == 0, result.stderr
+    assert "skipped 1: latest -> " in result.stdout and "a link to a directory inside FROM" in result.stdout
+    step_dir = step_dir_of(prefix)
+    assert step_dir is not None
+    assert sorted(
+        p.relative_to(step_dir).as_posix() for p in step_dir.rglob("*") if not p.name.startswith(".")
+    ) == [
+        "rows.jsonl",
+        "step-100",
+        "step-100/rows.jsonl",
+    ]
+    assert not (step_dir / "rows.jsonl").is_symlink()
+
+
+def test_a_stalled_adopt_loses_its_lease_and_leaves_the_new_owners_output_alone(tmp_path):
+    # 6,000 small files: the copy takes seconds, long enough to freeze the adopt in the middle.
+    source = tmp_path / "from"
+    for i in range(60):
+        shard = source / f"shard-{i:02d}"
+        shard.mkdir(parents=True)
+        for j in range(100):
+            (shard / f"part-{j:03d}.txt").write_text(f"{i} {j}\n")
+    (source / "rows.jsonl").write_text("".join(json.dumps({"id": i, "value": 9}) + "\n" for i in range(10)))
+    prefix = tmp_path / "prefix"
+    lease = ["--lease_timeout", "3", "--heartbeat_interval", "0.5"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}
+    command = ["adopt", "experiments/hello.py", "raw/hello", str(source), "--prefix", str(prefix), *lease]
+    adopter = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", *command],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            step_dir = step_dir_of(prefix)
+            staged = list(step_dir.glob(".tmp-adopt-*/shard-0*")) if step_dir else []
+            if len(staged) >= 2 or adopter.poll() is not None:
+                break
+            time.sleep(0.02)
+        assert adopter.poll() is None, "the copy finished before it could be frozen; make FROM larger"
+        os.kill(adopter.pid, signal.SIGSTOP)  # a paused VM, a long GC stall
+        assert step_dir is not None
+        assert not (step_dir / "shard-00").exists()  # staged, not visible as output
+        # A runner on the same prefix sees the lease unchanged for its timeout, takes the step
+        # over, and commits its own output.
+        run = drydock("run", "experiments/hello.py", "--prefix", str(prefix), "--backend", "local", *lease)
+        assert run.returncode == 0, run.stderr
+    finally:
+        os.kill(adopter.pid, signal.SIGCONT)
+    out, err = adopter.communicate(timeout=120)
+    assert adopter.returncode == 2, (out, err)
+    assert "lease lost while adopting" in err and "nothing committed" in err, err
+    # The new owner's output is exactly what its run wrote: no adopted file, no staging left.
+    assert sorted(p.name for p in step_dir.iterdir() if not p.name.startswith(".")) == ["rows.jsonl"]
+    assert not list(step_dir.glob(".tmp-*"))
+    rows = [json.loads(line) for line in (step_dir / "rows.jsonl").read_text().splitlines()]
+    assert [r["value"] for r in rows] == [i * 7 % 10 for i in range(10)]
+    assert "adopted" not in json.loads((step_dir / ".step.json").read_text())
+    last = json.loads((step_dir / ".status").read_text().splitlines()[-1])
+    assert last["event"] == "SUCCESS" and "adopted" not in (last.get("data") or {})
