@@ -5,10 +5,13 @@
     copy = mirror_step("mirror/web-eu", dataset=web, to="gs://eu/raw/web", budget=50 * 2**40)
 
 The step copies every file of the dataset's first location (or `source`) to `to`, keeping the
-names under it, and verifies each copy: the sizes, and the checksums where both stores keep the
-same kind (GCS md5, S3 ETag of a single-part upload). It is resumable per file: a file already at
-the destination with the same size and checksum is not copied again, so a rerun after a kill
-continues where the killed attempt stopped. Copies within one store are made by the store
+names under it, and verifies each copy by its size and its content: the checksums where both
+stores keep the same kind (GCS md5, S3 ETag of a single-part upload), else an md5 computed on
+the side that has none against the other's, else the sha256 of both (local files through the
+machine's hash cache, `steps.sources.file_sha256`). It is resumable per file: a file already at
+the destination with the same size and content is not copied again, so a rerun after a kill
+continues where the killed attempt stopped; one of the same size but other bytes (a file fixed
+in place) is copied again. Copies within one store are made by the store
 (`fs.copy`); across stores the bytes stream through the step's process.
 
 Before anything is copied, the bytes still to copy are compared with `budget`; over it, the step
@@ -21,6 +24,10 @@ identity does not change, so the steps that read it are not rerun.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import os
+import re
 import shutil
 import time
 from collections.abc import Mapping
@@ -33,7 +40,7 @@ from fsspec.implementations.local import LocalFileSystem
 from pipeline import Resources, Step, StepDeclarationError, step_events, step_function, this_output, versioned
 from pipeline.run.parallel import parallel_map
 from steps.files import exists, read_json, write_json
-from steps.sources import CHECKSUM_KEYS, InputError, RawDataset, expand_input, list_inputs
+from steps.sources import CHECKSUM_KEYS, InputError, RawDataset, expand_input, file_sha256, list_inputs
 
 __all__ = ["MirrorConfig", "MirrorError", "mirror", "mirror_step"]
 
@@ -136,7 +143,7 @@ def mirror(config: MirrorConfig) -> None:
     todo, there = [], []
     for path, rel, info in files:
         target = f"{destination}/{rel}"
-        (there if _same(info, _info(dst_fs, target)) else todo).append((path, target, info))
+        (there if _same(path, info, target, _info(dst_fs, target)) else todo).append((path, target, info))
     size = sum(int(info.get("size") or 0) for _p, _t, info in todo)
     if size > config.budget:
         raise MirrorError(
@@ -174,15 +181,56 @@ def _info(fs: Any, path: str) -> dict[str, Any] | None:
         return None
 
 
-def _same(a: Mapping[str, Any], b: Mapping[str, Any] | None) -> str | None:
-    """How `b` was found equal to `a`: "checksum" or "size" (no checksum of one kind on both);
-    None if it differs or is missing."""
+def _same(path: str, a: Mapping[str, Any], target: str, b: Mapping[str, Any] | None) -> str | None:
+    """How the file at `target` (info `b`) was found to hold the bytes of `path` (info `a`):
+    "checksum" (one kind kept by both stores), "md5" or "sha256" (computed); None if it differs
+    or is missing. Never by size alone: a file fixed in place keeps its size."""
     if b is None or a.get("size") != b.get("size"):
         return None
     for key in CHECKSUM_KEYS:
         if a.get(key) and b.get(key):
             return "checksum" if str(a[key]).strip('"') == str(b[key]).strip('"') else None
-    return "size"
+    known_a, known_b = _known_md5(a), _known_md5(b)
+    if known_a or known_b:
+        md5_a = known_a or _stream_digest(path, hashlib.md5)
+        md5_b = known_b or _stream_digest(target, hashlib.md5)
+        return "md5" if md5_a == md5_b else None
+    return "sha256" if _sha256(path) == _sha256(target) else None
+
+
+_HEX_MD5 = re.compile(r"^[0-9a-f]{32}$")
+
+
+def _known_md5(info: Mapping[str, Any]) -> str | None:
+    """The md5 (hex) a store keeps for a file, if it keeps one: GCS `md5Hash` (base64), an S3
+    ETag of a single-part upload (hex; a multipart ETag has a `-`), an `md5` field."""
+    if info.get("md5Hash"):
+        try:
+            return base64.b64decode(str(info["md5Hash"])).hex()
+        except ValueError:
+            return None
+    for key in ("ETag", "etag", "md5"):
+        value = str(info.get(key) or "").strip('"').lower()
+        if _HEX_MD5.match(value):
+            return value
+    return None
+
+
+def _local(path: str) -> str | None:
+    return path.removeprefix("file://") if "://" not in path or path.startswith("file://") else None
+
+
+def _sha256(path: str) -> str:
+    local = _local(path)
+    return file_sha256(local) if local is not None else _stream_digest(path, hashlib.sha256)
+
+
+def _stream_digest(path: str, kind: Any) -> str:
+    digest = kind()
+    with fsspec.open(path, "rb") as f:
+        while chunk := f.read(8 * 2**20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _copy(path: str, target: str, info: dict[str, Any]) -> str:
@@ -192,7 +240,7 @@ def _copy(path: str, target: str, info: dict[str, Any]) -> str:
     dst_fs, dst = fsspec.core.url_to_fs(target)
     if type(src_fs) is type(dst_fs) and src_fs.protocol == dst_fs.protocol:
         dst_fs.makedirs(dst.rsplit("/", 1)[0], exist_ok=True)
-        src_fs.copy(src, dst)  # made by the store: no bytes through this process
+        src_fs.cp_file(src, dst)  # made by the store, by exact name: no bytes through this process
     else:  # streamed: an object store commits the upload whole on close; a local file is renamed
         local = isinstance(dst_fs, LocalFileSystem)
         if local:
@@ -200,8 +248,8 @@ def _copy(path: str, target: str, info: dict[str, Any]) -> str:
         with src_fs.open(src, "rb") as f, dst_fs.open(dst + ".part" if local else dst, "wb") as out:
             shutil.copyfileobj(f, out, 8 * 2**20)
         if local:
-            dst_fs.mv(dst + ".part", dst)
-    how = _same(info, _info(dst_fs, target))
+            os.replace(dst + ".part", dst)
+    how = _same(path, info, target, _info(dst_fs, target))
     if how is None:
         raise MirrorError(f"the copy of {path} at {target} differs from it (size or checksum); run again")
     return how

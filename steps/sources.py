@@ -17,8 +17,8 @@ move to cheaper storage) does not fork every step downstream:
 **Listing** (`list_inputs`): every file of the inputs with a fingerprint, keyed by a name that does
 not depend on the location either. The fingerprint is the size plus a checksum the object store
 keeps (GCS `md5Hash`/`crc32c`, S3 `ETag`), or for a local file the sha256 of its content (size and
-modification time above `HASH_LIMIT`; hashes are cached per machine by size and modification time,
-see `_HashCache`). Steps that read raw inputs record their listing when they
+modification time above `HASH_LIMIT`; hashes are cached per machine by inode, size, modification
+and change time, see `_HashCache`). Steps that read raw inputs record their listing when they
 run (`step_function(inputs=...)`); each later plan lists again and notes what changed
 ("input listing changed: 1 file modified"), so a cached step never goes stale silently.
 """
@@ -47,6 +47,7 @@ __all__ = [
     "RawDataset",
     "current_region",
     "expand_input",
+    "file_sha256",
     "input_identity",
     "list_inputs",
     "raw_dataset",
@@ -331,10 +332,15 @@ def _sha256_file(path: str) -> str:
 
 
 class _HashCache:
-    """The sha256 of local files, remembered by (device, inode, size, modification time in ns) in
-    `<cache dir>/file-hashes.json`, so that a plan hashes only the local inputs that changed since
-    the last plan on this machine. As with git's index, a file rewritten with the same size and
-    modification time is taken to be unchanged. The cache dir is `DRYDOCK_CACHE_DIR`, else
+    """The sha256 of local files, remembered by (device, inode, size, modification time, change
+    time; both in ns) in `<cache dir>/file-hashes.json`, so that a plan hashes only the local
+    inputs that changed since the last plan on this machine. The change time (ctime) is what the
+    kernel sets on every write, rename or replacement and no tool can set back: a file deleted
+    and made anew with the same size and a restored modification time (as `tar x`, `cp -p` and
+    `rsync -a` do), which ext4 often gives the same inode, has a new ctime, so it is hashed
+    again. A file written in place within one clock tick of the last hash with the same size and
+    both times unchanged would still be taken as unchanged (as git's index does, this costs a
+    rehash of nothing). The cache dir is `DRYDOCK_CACHE_DIR`, else
     `$XDG_CACHE_HOME/drydock` (`~/.cache/drydock`); a cache that cannot be read or written is
     simply not used."""
 
@@ -360,7 +366,7 @@ class _HashCache:
             except (OSError, ValueError):
                 self._entries = {}
         key = os.path.abspath(path)
-        stamp = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+        stamp = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
         entry = self._entries.get(key)
         if isinstance(entry, list) and len(entry) == 2 and entry[0] == stamp:
             return str(entry[1])
@@ -387,6 +393,13 @@ class _HashCache:
 
 
 _HASHES = _HashCache()
+
+
+def file_sha256(path: str) -> str:
+    """The sha256 of the local file `path`, through this machine's hash cache (`_HashCache`)."""
+    digest = _HASHES.sha256(path, os.stat(path))
+    _HASHES.save()
+    return digest
 
 
 # -- for steps that read raw inputs ---------------------------------------------------------------

@@ -285,7 +285,7 @@ def delete_planned(
         reason, _state, _when = _inspect(store, entry.path, now, local_host)
         if not _busy(reason):  # nobody is writing there: the .tmp-* files are leftovers
             for orphan in entry.orphans:
-                storage.delete(orphan)
+                storage.delete(orphan, recursive=True)  # a staging directory too
     return deleted, skipped
 
 

@@ -300,6 +300,16 @@ class _Execution:
 
     def _try(self, label: str, attempt: int) -> _Event:
         step_dir = self.dag.nodes[label].output_path
+        forced = label in self.rerun_after
+        outside = self.store.storage.resolves_outside(step_dir, self.dag.prefix) if forced else None
+        if outside is not None:
+            # --force empties the step first: never another prefix's step reached by a link.
+            return _Event(
+                label,
+                Ending.FAILED,
+                f"--force would empty {step_dir}, which is {outside} (through a symbolic link), "
+                f"outside the prefix {self.dag.prefix}; nothing done: force it under its own prefix",
+            )
         asked = self.clock()  # the lease taken below expires no earlier than asked + lease_timeout
         taken = self.store.acquire(
             step_dir,
@@ -320,7 +330,7 @@ class _Execution:
         started = self.clock()
         released = False
         try:
-            if label in self.rerun_after and attempt == 1:
+            if forced and attempt == 1:
                 # --force redoes the step from nothing: a training must not "resume" from the
                 # final checkpoint it left. Retries within this run keep what this run wrote.
                 removed = self.store.clear_payload(step_dir)

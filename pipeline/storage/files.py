@@ -199,6 +199,11 @@ class Storage:
 
         return self._retrying("measure", path, once)
 
+    def resolves_outside(self, path: str, prefix: str) -> str | None:
+        """Where `path` really is, if that is outside `prefix` (through a symbolic link on local
+        disk); None when it is inside. Object stores have no links: always None."""
+        return None
+
     def check_writable(self, prefix: str) -> None:
         """Raise a StorageError unless files can be created under `prefix`."""
         probe = f"{prefix.rstrip('/')}/.drydock-write-check-{os.getpid()}"
@@ -309,6 +314,10 @@ class LocalStorage(Storage):
             return True
         real = os.path.realpath(self._local(path))
         return real == self.root or real.startswith(self.root + os.sep)
+
+    def resolves_outside(self, path: str, prefix: str) -> str | None:
+        real, root = os.path.realpath(self._local(path)), os.path.realpath(self._local(prefix))
+        return None if real == root or real.startswith(root + os.sep) else real
 
     def read(self, path: str) -> bytes | None:
         return self._read_local(path, shared_lock=False)

@@ -163,3 +163,46 @@ def test_bad_mirror_declarations_name_the_field(kwargs, field):
     with pytest.raises(StepDeclarationError) as info:
         mirror_step("mirror/bad", **{"dataset": web, "to": "s3://c/raw/web", **kwargs})
     assert info.value.field == field
+
+
+LOCAL_MIRROR = """
+import sys
+from pipeline import executor_main
+from steps.mirror import mirror_step
+from steps.sources import raw_dataset
+
+web = raw_dataset("web", version=sys.argv.pop(1), urls=["{src}"])
+executor_main([mirror_step("mirror/web", dataset=web, to="{dst}")])
+"""
+
+
+def test_a_file_fixed_in_place_with_the_same_size_is_mirrored_again(tmp_path):
+    # On local disk no store keeps a checksum: comparing sizes alone kept the old bytes (issue 29).
+    src, dst, prefix = tmp_path / "src", tmp_path / "dst", tmp_path / "p"
+    src.mkdir()
+    (src / "a.jsonl").write_text('{"text": "a typo"}\n')
+    (src / "b.jsonl").write_text('{"text": "fine"}\n')
+    exp = tmp_path / "mirror_local.py"
+    exp.write_text(LOCAL_MIRROR.format(src=src, dst=dst))
+
+    def mirror(version: str, *extra: str) -> dict:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "DRYDOCK_CACHE_DIR": str(tmp_path / "cache")}
+        command = [sys.executable, "-m", "pipeline", "run", str(exp), version, "--prefix", str(prefix)]
+        result = subprocess.run(
+            [*command, "--backend", "local", *extra], cwd=ROOT, env=env, capture_output=True, text=True
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        newest = max((prefix / "mirror").glob("web-*/mirror.json"), key=lambda p: p.stat().st_mtime_ns)
+        return json.loads(newest.read_text())
+
+    first = mirror("1")
+    assert (first["copied"], first["already_there"]) == (2, 0)
+    (src / "a.jsonl").write_text('{"text": "a tyop"}\n')  # the same size, other bytes
+    fixed = mirror("2")
+    assert (fixed["copied"], fixed["already_there"]) == (1, 1), fixed
+    assert fixed["verified_by"] == {"sha256": 1}
+    assert (dst / "a.jsonl").read_bytes() == (src / "a.jsonl").read_bytes()
+    (src / "b.jsonl").write_text('{"text": "FINE"}\n')
+    forced = mirror("2", "--force", "mirror/web")
+    assert (forced["copied"], forced["already_there"]) == (1, 1), forced
+    assert (dst / "b.jsonl").read_bytes() == (src / "b.jsonl").read_bytes()

@@ -6,7 +6,10 @@ buckets standing for two regions), a file appended to under a cached step, and b
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -252,3 +255,37 @@ def test_local_hashes_are_cached_by_size_and_modification_time(tmp_path, monkeyp
         f.write('{"text": "one more"}\n')
     changed = listing()
     assert len(hashed) == 2 and changed != first
+
+
+def test_a_file_replaced_with_the_same_size_and_a_restored_mtime_is_hashed_again(tmp_path, monkeypatch):
+    # `tar x`, `cp -p` and `rsync -a` restore the modification time, and ext4 often gives a file
+    # made anew the inode of the one just deleted: same device, inode, size and mtime. Rewriting
+    # the file in place (its inode kept for certain) and restoring its mtime makes that case on
+    # any file system. The cache must still see new bytes (issue 29, part 4).
+    import steps.sources as sources
+
+    monkeypatch.setenv("DRYDOCK_CACHE_DIR", str(tmp_path / "cache"))
+    data = tmp_path / "raw" / "part-0.jsonl"
+    data.parent.mkdir()
+    data.write_text('{"text": "old bytes"}\n')
+
+    def listing() -> dict:
+        monkeypatch.setattr(sources, "_HASHES", sources._HashCache())  # as a new process would
+        return list_inputs({"train": [str(data)]}, None)
+
+    first = listing()
+    old = os.stat(data)
+    time.sleep(0.01)  # a later ctime, on file systems with coarse timestamps too
+    with open(data, "r+b") as f:
+        f.write(b'{"text": "new bytes"}\n')
+    os.utime(data, ns=(old.st_atime_ns, old.st_mtime_ns))
+    new = os.stat(data)
+    assert (new.st_dev, new.st_ino, new.st_size, new.st_mtime_ns) == (
+        old.st_dev,
+        old.st_ino,
+        old.st_size,
+        old.st_mtime_ns,
+    )
+    second = listing()
+    assert next(iter(second.values()))["sha256"] == hashlib.sha256(data.read_bytes()).hexdigest()
+    assert second != first
