@@ -39,6 +39,7 @@ __all__ = [
     "REWINDS_FILE",
     "Rewind",
     "RewindNeeded",
+    "RewindsFileError",
     "SpikeDetector",
     "SpikePolicy",
     "Stability",
@@ -302,11 +303,62 @@ def lr_multiplier(rewinds: Sequence[Rewind], step: int) -> float:
     return factor
 
 
-def read_rewinds(text: str | None) -> list[Rewind]:
-    """The rewinds of a `rewinds.json` text (None: no file, no rewinds)."""
+class RewindsFileError(ValueError):
+    """A `rewinds.json` that is not one this step wrote (edited by hand, or damaged)."""
+
+
+def read_rewinds(text: str | None, path: str = REWINDS_FILE) -> list[Rewind]:
+    """The rewinds of a `rewinds.json` text (None: no file, no rewinds); a `RewindsFileError`
+    naming `path` and what is wrong with it for anything else."""
     if not text:
         return []
-    return [Rewind.from_json(r) for r in json.loads(text)["rewinds"]]
+    try:
+        records = json.loads(text)["rewinds"]
+        if not isinstance(records, list):
+            raise TypeError(f"`rewinds` is a {type(records).__name__}, not a list")
+        return [_checked_rewind(record, i) for i, record in enumerate(records)]
+    except (ValueError, KeyError, TypeError) as e:
+        what = f"no {e}" if isinstance(e, KeyError) else str(e)
+        raise RewindsFileError(
+            f"{path} is damaged: {what}. It records the run's rewinds (the batches they skipped); "
+            "restore it, or delete it to forget them"
+        ) from e
+
+
+def _whole(value: Any) -> bool:
+    return type(value) is int and 0 <= value < 2**63
+
+
+def _checked_rewind(record: Any, i: int) -> Rewind:
+    where = f"rewinds[{i}]"
+    if not isinstance(record, dict):
+        raise TypeError(f"{where} is not an object")
+    for name in ("number", "trigger_step", "first_step"):
+        if not _whole(record.get(name)):
+            raise ValueError(f"{where}.{name} is {record.get(name)!r}, not a step number")
+    for name in ("restored_step", "lr_from_step", "lr_until_step"):
+        if record.get(name) is not None and not _whole(record[name]):
+            raise ValueError(f"{where}.{name} is {record[name]!r}, not a step number")
+    skipped = record.get("skipped")
+    if not (isinstance(skipped, list) and len(skipped) == 2 and all(map(_whole, skipped))):
+        raise ValueError(f"{where}.skipped is {skipped!r}, not [first, last] batch numbers")
+    if skipped[0] > skipped[1]:
+        raise ValueError(f"{where}.skipped is {skipped!r}: its first batch is after its last")
+    if record.get("reason") not in ("nan", "inf", "spike"):
+        raise ValueError(f"{where}.reason is {record.get('reason')!r}, not 'nan', 'inf' or 'spike'")
+    losses = record.get("losses", {})
+    if not isinstance(losses, dict) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in losses.values()
+    ):
+        raise ValueError(f"{where}.losses is not a mapping of steps to losses")
+    for name, default in (("median", None), ("lr_factor", 1.0), ("wall_time", 0.0)):
+        value = record.get(name, default)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ValueError(f"{where}.{name} is {value!r}, not a number")
+    factor = record.get("lr_factor", 1.0)
+    if not (math.isfinite(factor) and 0 < factor <= 1):
+        raise ValueError(f"{where}.lr_factor is {factor!r}, not a factor in (0, 1]")
+    return Rewind.from_json(record)
 
 
 def count_interventions(events: Sequence[dict[str, Any]]) -> dict[str, int]:

@@ -397,7 +397,7 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
     )
 
     rewinds_path = os.path.join(out, REWINDS_FILE)
-    rewinds = read_rewinds(read_text(rewinds_path) if exists(rewinds_path) else None)
+    rewinds = read_rewinds(read_text(rewinds_path) if exists(rewinds_path) else None, rewinds_path)
     first_resumed_from = None
     started = time.time()
     while True:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pipeline.core.numbers import finite_number, usable_time
+
 __all__ = ["FIGURES", "INTERVENTION_NAMES", "figures_text", "live_figures"]
 
 FIGURES = ("loss", "tokens_per_second", "mfu", "steps_per_second", "eta_seconds", "checkpoint_step")
@@ -40,17 +42,17 @@ def live_figures(progress: Mapping[str, Any], now: float) -> dict[str, Any]:
         return out
     for key in FIGURES:
         value = data.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool):
+        if finite_number(value):  # an edited report may hold 1e999 (read as infinity)
             out[key] = value
     reported = progress.get("time")
-    age = max(0.0, now - reported) if isinstance(reported, int | float) else 0.0
+    age = max(0.0, now - reported) if usable_time(reported) else 0.0
     if "eta_seconds" in out:
         out["eta_seconds"] = max(0.0, out["eta_seconds"] - age)
-    if isinstance(data.get("checkpoint_time"), int | float):
+    if usable_time(data.get("checkpoint_time")):
         out["checkpoint_age_seconds"] = max(0.0, now - data["checkpoint_time"])
     counts = data.get("interventions")
     if isinstance(counts, Mapping):
-        counts = {k: v for k, v in counts.items() if isinstance(v, int) and v}
+        counts = {k: v for k, v in counts.items() if type(v) is int and finite_number(v) and v}
         if counts:
             out["interventions"] = counts
     return out

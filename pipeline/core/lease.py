@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from pipeline.core.numbers import usable_time
+
 __all__ = [
     "CLOCK_SKEW",
     "LeaseRecord",
@@ -159,6 +161,11 @@ class LeaseRecord:
             value = raw[name]
             if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
                 return f"{name} {value!r} is not {' or '.join(t.__name__ for t in types)}"
+        if not usable_time(raw["expires"]):
+            return f"expires {raw['expires']!r} is not a usable time (seconds since 1970, before year 10000)"
+        for name, most in (("token", 2**63), ("pid", 2**31)):
+            if not 0 <= raw[name] < most:
+                return f"{name} {raw[name]!r} is out of range"
         return None
 
     def dump(self) -> bytes:

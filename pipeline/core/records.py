@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core.lease import LeaseRecord, is_stale, pid_alive
+from pipeline.core.numbers import usable_time
 from pipeline.errors import StorageError
 
 __all__ = [
@@ -111,6 +112,8 @@ def _event(raw: Any) -> StatusEvent:
         raise TypeError(f"token {token!r} is not a whole number")
     if type(when) is not float and type(when) is not int:
         raise TypeError(f"time {when!r} is not a number")
+    if not usable_time(when):
+        raise ValueError(f"time {when!r} is not a usable time (seconds since 1970, before year 10000)")
     run_id, message, data = raw.get("run_id", ""), raw.get("message", ""), raw.get("data", {})
     if type(run_id) is not str:
         raise TypeError(f"run_id {run_id!r} is not a str")

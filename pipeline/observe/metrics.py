@@ -20,6 +20,7 @@ reader's own `read`/`listdir` (a `Storage`'s or fsspec's), so this module does n
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -36,6 +37,7 @@ __all__ = [
     "read_metrics_tail",
     "segment_index",
     "segment_name",
+    "step_of",
 ]
 
 METRICS_FILE = "metrics.jsonl"
@@ -124,6 +126,20 @@ ALIASES = {
 compacted at the end of training has both."""
 
 
+def step_of(record: Any) -> int:
+    """A metrics line's step: a whole number from 0 to 2**63 (a float that is one, as some
+    writers give, counts). Raises ValueError/KeyError/TypeError for anything else (`1e999`, read
+    as infinity, or `1e300`), so that readers skip the line as they skip a torn one."""
+    step = record["step"]
+    if isinstance(step, bool) or not isinstance(step, int | float):
+        raise TypeError(f"step {step!r} is not a number")
+    if isinstance(step, float) and not (math.isfinite(step) and step.is_integer()):
+        raise ValueError(f"step {step!r} is not a whole number")
+    if not 0 <= step < 2**63:
+        raise ValueError(f"step {step!r} is out of range")
+    return int(step)
+
+
 def parse_metrics(lines: Iterable[str | bytes], *, up_to: int | None = None) -> list[dict[str, Any]]:
     """One record per step, in step order, with the short aliases (`loss`, `learning_rate`, ...).
 
@@ -134,7 +150,7 @@ def parse_metrics(lines: Iterable[str | bytes], *, up_to: int | None = None) -> 
     for line in lines:
         try:
             record = json.loads(line)
-            step = int(record["step"])
+            step = step_of(record)
         except (ValueError, KeyError, TypeError):
             continue
         if "event" in record:
@@ -169,7 +185,8 @@ def parse_events(lines: Iterable[str | bytes]) -> list[dict[str, Any]]:
         if (
             isinstance(record, dict)
             and isinstance(record.get("event"), str)
-            and isinstance(record.get("step"), int)
+            and type(record.get("step")) is int
+            and 0 <= record["step"] < 2**63
         ):
             out.append(record)
     return out

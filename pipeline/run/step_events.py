@@ -20,6 +20,7 @@ import contextlib
 import contextvars
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -153,8 +154,26 @@ def progress(
 
     `data` adds a few scalars worth showing (e.g. `{"loss": 2.31}`). Returns whether
     `.progress` was written now; reports closer than `PROGRESS_INTERVAL` apart are folded into
-    the next one, except the final one (`done >= total`). Never raises.
+    the next one, except the final one (`done >= total`). Never raises: a report that is not a
+    pair of finite numbers (NaN, infinity, a string) is logged and dropped.
     """
+    try:
+        return _progress(done, total, unit, data, context, clock)
+    except Exception as e:  # progress must never break the step that reports it
+        logger.warning("progress (%r of %r %s) not recorded: %s: %s", done, total, unit, type(e).__name__, e)
+        return False
+
+
+def _progress(
+    done: float,
+    total: float | None,
+    unit: str,
+    data: Mapping[str, Any] | None,
+    context: StepContext | None,
+    clock: Callable[[], float],
+) -> bool:
+    if not _finite(done) or not (total is None or _finite(total)):
+        raise ValueError("done and total must be finite numbers")
     context = context or current()
     key = context.output_path if context is not None else ""
     now = clock()
@@ -189,6 +208,10 @@ def progress(
     except Exception as e:  # progress must never break the step that reports it
         logger.warning("could not record progress in %s/.progress: %s", context.output_path, e)
         return False
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _count(value: float | None) -> str:

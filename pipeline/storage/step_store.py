@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pipeline.core.lease import LeaseRecord, Owner, is_stale
+from pipeline.core.numbers import finite_number, usable_time
 from pipeline.core.records import (
     NOTES,
     REMOTE_WORKERS,
@@ -166,7 +167,7 @@ class StepStore:
             report = json.loads(raw)
         except ValueError:
             return None
-        return report if isinstance(report, dict) else None
+        return report if isinstance(report, dict) and _usable_progress(report) else None
 
     def clear_payload(self, step_dir: str) -> list[str]:
         """Delete the step's own output (not Drydock's files): a forced rerun starts from nothing.
@@ -357,3 +358,14 @@ class StepStore:
         ok = self.append(step_dir, owner, token, Event.SUCCESS, data=data, require_lease=True)
         self.release(step_dir, owner, token)
         return ok
+
+
+def _usable_progress(report: Mapping[str, Any]) -> bool:
+    """Whether a `.progress` report's numbers can be shown: `done` and `total` finite (total may
+    be absent), `time` a usable time. One that is not is ignored like one that cannot be read."""
+    total = report.get("total")
+    return (
+        finite_number(report.get("done"))
+        and (total is None or finite_number(total))
+        and usable_time(report.get("time"))
+    )

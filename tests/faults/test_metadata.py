@@ -230,3 +230,83 @@ def test_a_status_we_may_not_read_is_a_permission_error_not_corrupt(tmp_path, mo
         assert main([command, "experiments/hello.py", "--prefix", prefix]) == 2
         err = capsys.readouterr().err
         assert f"cannot read {status}: permission denied" in err and "CORRUPT" not in err, err
+
+
+def dashboard_pages(prefix: Path, step: Path) -> dict[str, int]:
+    """The status code of each page and API answer that shows this step or its experiment."""
+    from starlette.testclient import TestClient
+
+    from pipeline.observe.dashboard.app import create_app
+
+    client = TestClient(create_app(str(prefix)), base_url="http://127.0.0.1")
+    label = step.relative_to(prefix).as_posix()
+    (manifest,) = (prefix / "experiments").glob("*.json")
+    paths = ["/", f"/experiments/{manifest.stem}", f"/steps/{label}", "/api/experiments"]
+    paths += [f"/api/experiments/{manifest.stem}", f"/api/steps/{label}"]
+    return {path: client.get(path).status_code for path in paths}
+
+
+def test_numbers_out_of_range_are_corrupt_or_not_shown_never_a_crash(tmp_path):
+    """Issue 29, part 5: `1e999` (read as infinity) and `1e300` are of the right JSON type but no
+    clock or formatter takes them. In `.status` and `.lease` they are damage like a wrong type
+    (CORRUPT, the usual way out); in a report, a metrics line or a manifest's timings they are
+    not shown, and every page shows the rest."""
+    running = '{"event": "RUNNING", "token": 9, "time": 1.0}'
+    lease = '{"token": 9, "run_id": "r", "host": "h", "pid": 1, "pid_start": null, "expires": EXPIRES}'
+    corrupt = [
+        (".status", '{"event": "WARNING", "token": 1, "time": 1e999}', "time inf is not a usable time"),
+        (".status", '{"event": "WARNING", "token": 1, "time": 1e300}', "time 1e+300 is not a usable time"),
+        (".lease", lease.replace("EXPIRES", "1e999"), "expires inf is not a usable time"),
+        (".lease", lease.replace("EXPIRES", "1e300"), "expires 1e+300 is not a usable time"),
+    ]
+    for i, (name, damage, expect) in enumerate(corrupt):
+        exp = done_experiment(tmp_path / f"c{i}")
+        target = step_dir(exp, "mid/m0")
+        status = target / ".status"
+        if name == ".lease":
+            _running(status)
+            (target / ".lease").write_text(damage)
+        else:
+            status.write_text(status.read_text() + damage + "\n")
+        refused = cli(exp, "run")
+        assert refused.returncode == 2, (damage, refused.stderr)
+        (line,) = refused.stderr.strip().splitlines()
+        assert line.startswith("error: step 'mid/m0': ") and expect in line and "--force" in line, line
+        shown = cli(exp, "status")
+        assert shown.returncode == 0 and "CORRUPT" in shown.stdout, shown.stderr
+        assert status_json(exp)["mid/m0"]["status"] == "CORRUPT"
+        assert set(dashboard_pages(exp.prefix, target).values()) == {200}, damage
+        forced = cli(exp, "run", "--force", "^mid/m0$")
+        assert forced.returncode == 0, (damage, forced.stderr)
+        verify(exp)
+
+    # A running step's report, a metrics line and a manifest's timings out of range.
+    exp = done_experiment(tmp_path / "shown")
+    target = step_dir(exp, "mid/m0")
+    status = target / ".status"
+    status.write_text(status.read_text() + running.replace("1.0", "2e9") + "\n")
+    (target / ".progress").write_text(
+        '{"done": 1e999, "total": 10, "unit": "steps", "time": 1e300, "token": 9, '
+        '"data": {"eta_seconds": 1e999, "checkpoint_time": 1e300}}'
+    )
+    (target / "metrics.jsonl").write_text('{"step": 1e999, "loss": 2.0}\n{"step": 3, "loss": 1.0}\n')
+    (manifest,) = (exp.prefix / "experiments").glob("*.json")
+    data = json.loads(manifest.read_text())
+    data["started"], data["updated"] = 1e300, 1e300
+    for entry in data["steps"]:
+        entry["started"], entry["duration"] = 1e300, 1e300
+    manifest.write_text(json.dumps(data).replace("1e+300", "1e999", 1))
+    for command in (["status"], ["status", "--json"]):
+        shown = cli(exp, *command)
+        assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
+    assert set(dashboard_pages(exp.prefix, target).values()) == {200}
+
+
+@pytest.mark.parametrize(
+    ("done", "total"), [(float("nan"), 10), (float("inf"), 10), (5, float("nan")), (1e308, 1e-308), ("x", 10)]
+)
+def test_progress_never_raises_whatever_it_is_given(tmp_path, done, total):
+    from pipeline.run.step_events import StepContext, progress
+
+    context = StepContext(output_path=str(tmp_path), run_id="r", token=1)
+    assert progress(done, total, "steps", context=context) is False

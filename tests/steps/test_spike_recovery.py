@@ -280,3 +280,20 @@ def test_killed_after_a_rewind_the_resumed_run_honours_it(tmp_path):
     assert outcome["interventions"]["rewinds"] == 1  # the resumed run read the same batches: no new spike
     check_each_step_once(train)
     assert [e["event"] for e in read_events(str(train / "metrics.jsonl"))] == ["rewind"]
+    # A hand-edited rewinds.json: the next attempt fails at once with one error naming the file
+    # and what is wrong, not a raw KeyError/TypeError (issue 29, part 5).
+    rewinds = train_dir(tmp_path / "prefix") / "rewinds.json"
+    record = json.loads(rewinds.read_text())
+    for damage, expect in (
+        (lambda r: r["rewinds"][0].pop("skipped"), "no 'skipped'"),
+        (lambda r: r["rewinds"][1].update(skipped="all"), "rewinds[1].skipped is 'all', not [first, last]"),
+        (lambda r: r.update(rewinds={"a": 1}), "`rewinds` is a dict, not a list"),
+    ):
+        edited = json.loads(json.dumps(record))
+        damage(edited)
+        rewinds.write_text(json.dumps(edited))
+        again = run(exp, tmp_path / "prefix")
+        assert again.returncode != 0
+        message = f"RewindsFileError: {rewinds} is damaged: {expect}"
+        assert message in again.stdout + again.stderr, (again.stdout + again.stderr)[-3000:]
+        assert "KeyError" not in again.stderr and "TypeError" not in again.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
@@ -174,3 +175,29 @@ def test_policies_that_change_training_are_versioned_warn_is_not():
 def test_bad_policies_name_their_field(policy, field):
     with pytest.raises(ValueError, match=f"^{field}: "):
         policy.check()
+
+
+@pytest.mark.parametrize(
+    ("text", "expect"),
+    [
+        ("not json", "is damaged: Expecting value"),
+        ('{"rewinds": [{"number": 1}]}', "rewinds[0].trigger_step is None, not a step number"),
+        ('{"nothing": []}', "is damaged: no 'rewinds'"),
+        (
+            '{"rewinds": [{"number": 1, "trigger_step": 5, "first_step": 4, "restored_step": null, '
+            '"skipped": [9, 3], "reason": "spike"}]}',
+            "its first batch is after its last",
+        ),
+        (
+            '{"rewinds": [{"number": 1, "trigger_step": 5, "first_step": 4, "restored_step": 1e999, '
+            '"skipped": [4, 5], "reason": "spike"}]}',
+            "restored_step is inf, not a step number",
+        ),
+    ],
+)
+def test_a_damaged_rewinds_file_is_one_error_naming_it(text, expect):
+    from steps.spikes import RewindsFileError
+
+    with pytest.raises(RewindsFileError, match=re.escape("/run/rewinds.json is damaged: ")) as info:
+        read_rewinds(text, "/run/rewinds.json")
+    assert expect in str(info.value)

@@ -35,6 +35,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from pipeline.core.figures import FIGURES, figures_text, live_figures
+from pipeline.core.numbers import finite_number, usable_time
 from pipeline.errors import StorageError
 from pipeline.observe.dag_render import DagNode, state_color, to_svg
 from pipeline.observe.dashboard import data, is_loopback
@@ -57,15 +58,16 @@ LOG_TAIL_LINES = 200
 
 
 def _fmt_time(value: Any) -> str:
-    """Seconds since the epoch as UTC `YYYY-MM-DD HH:MM:SS`; '' for None."""
-    if not isinstance(value, int | float) or isinstance(value, bool):
+    """Seconds since the epoch as UTC `YYYY-MM-DD HH:MM:SS`; '' for None or a time no calendar
+    holds (an edited manifest's `1e999`)."""
+    if not usable_time(value):
         return ""
     return datetime.datetime.fromtimestamp(value, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _fmt_duration(value: Any) -> str:
-    """Seconds as `1h02m`, `3m05s` or `4.2s`; '' for None."""
-    if not isinstance(value, int | float) or isinstance(value, bool):
+    """Seconds as `1h02m`, `3m05s` or `4.2s`; '' for None or a number that is not finite."""
+    if not finite_number(value) or value < 0:
         return ""
     if value < 60:
         return f"{value:.1f}s"

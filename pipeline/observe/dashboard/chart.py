@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.observe.dashboard.records import Metrics
-from pipeline.observe.metrics import ALIASES, metrics_files
+from pipeline.observe.metrics import ALIASES, metrics_files, step_of
 
 __all__ = ["CACHED_SEGMENTS", "read_chart"]
 
@@ -57,11 +57,11 @@ def _summarize(data: bytes) -> _Summary:
     for line in data.splitlines():
         try:
             record = json.loads(line)
-            step = int(record["step"])
+            step = step_of(record)
         except (ValueError, KeyError, TypeError):
-            continue  # cut short by a kill, or not a metrics line (as `parse_metrics`)
+            continue  # cut short by a kill, not a metrics line, or a step out of range (as `parse_metrics`)
         if "event" in record:
-            if isinstance(record.get("event"), str) and isinstance(record.get("step"), int):
+            if isinstance(record.get("event"), str) and type(record.get("step")) is int:
                 out.events.append(record)  # as `parse_events`
             continue
         slots = out.values.setdefault(step, [_ABSENT] * (2 * len(_SLOTS)))

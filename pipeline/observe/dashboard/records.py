@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +35,8 @@ class Progress:
 
     @property
     def percent(self) -> int | None:
-        return int(100 * self.done / self.total) if self.total else None
+        share = 100 * self.done / self.total if self.total else None
+        return int(share) if share is not None and math.isfinite(share) else None
 
 
 @dataclass(frozen=True)
