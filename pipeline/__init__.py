@@ -21,7 +21,9 @@ if TYPE_CHECKING:
     from pipeline.observe.upstream import step_state
     from pipeline.run import step_events
     from pipeline.run.experiment import run_experiment
+    from pipeline.run.gang import Gang
     from pipeline.run.options import ExecutorMainConfig
+    from pipeline.run.step_events import current_gang
     from pipeline.step import (
         OutputOf,
         Resources,
@@ -42,6 +44,8 @@ _PUBLIC = {
     "ExecutorMainConfig": "pipeline.run.options",
     "executor_main": "pipeline.cli.run",
     "run_experiment": "pipeline.run.experiment",
+    "Gang": "pipeline.run.gang",
+    "current_gang": "pipeline.run.step_events",
     "step_state": "pipeline.observe.upstream",
     "OutputOf": "pipeline.step",
     "Resources": "pipeline.step",
@@ -58,6 +62,7 @@ _MODULES = {"step_events": "pipeline.run.step_events"}
 __all__ = [
     "DrydockError",
     "ExecutorMainConfig",
+    "Gang",
     "GraphError",
     "OutputOf",
     "Resources",
@@ -65,6 +70,7 @@ __all__ = [
     "StepDeclarationError",
     "StorageError",
     "ThisOutput",
+    "current_gang",
     "executor_main",
     "output_of",
     "run_experiment",

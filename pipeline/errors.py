@@ -44,7 +44,15 @@ class StepCancelled(BaseException):
 
 
 class StepPreempted(Exception):
-    """The step's machine went away (node died, TPU slice preempted). Retried on its own budget."""
+    """The step's machine went away (node died, TPU slice preempted), or its process died under it
+    (`crash`: a segfault, an out-of-memory kill). Retried on its own budget; the same crash over
+    and over is a failure (`Resources.crash_limit`)."""
+
+    def __init__(self, message: str, crash: bool = False) -> None:
+        super().__init__(message)
+        self.crash = crash
+        """Whether the step's own process died (rather than its host): a crash may be
+        deterministic, a lost host never is."""
 
 
 class StepFailed(Exception):

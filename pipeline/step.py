@@ -92,18 +92,28 @@ class Resources:
     """What a step needs to run. Resources never enter identity.
 
     `tpu="v5p-64"` asks for one TPU pod slice of that type; `slices=N` for multislice.
+    `hosts=N` asks for N hosts at once, each with `cpus`, `memory`, `gpus` and `custom`: a gang
+    that runs the step function in one process per host (`Resources(gpus=8, hosts=16,
+    accelerator="H100")`: 16 hosts of 8 H100s).
     """
 
     cpus: float = 1
-    """CPU cores."""
+    """CPU cores (per host, for a gang)."""
     memory: str | None = None
-    """Memory, e.g. "16GiB"; None means no reservation."""
+    """Memory, e.g. "16GiB" (per host); None means no reservation."""
     gpus: float = 0
-    """GPUs (whole or fractional)."""
+    """GPUs (whole or fractional; per host)."""
     tpu: str | None = None
     """A TPU pod slice type such as "v5p-64"."""
     slices: int = 1
     """Number of TPU slices (multislice) when `tpu` is set."""
+    hosts: int = 1
+    """Hosts reserved at once (all or nothing), one process each: more than one makes the step a
+    gang (`pipeline.current_gang()`). For TPUs the slice type says it: leave this at 1."""
+    accelerator: str | None = None
+    """The GPU type, as Ray names it on its nodes ("H100", "H200", "B200", "GB200", "A100"):
+    the step runs only on hosts of that type, and a training's memory and time estimates use
+    its memory and peak FLOP/s. TPU types come from `tpu`."""
     custom: Mapping[str, float] = field(default_factory=dict)
     """Extra scheduler resources by name (Ray custom resources)."""
     env: Mapping[str, str] = field(default_factory=dict)
@@ -114,6 +124,10 @@ class Resources:
     """How often the step is retried after losing its machine (node died, slice preempted)."""
     failure_retries: int = 0
     """How often the step is retried after its function raised."""
+    crash_limit: int = 3
+    """A crash of the step's process (a segfault, an out-of-memory kill) counts as a preemption,
+    but the same crash this many times in a row counts as a failure: a deterministic crash must
+    not burn the preemption budget. A lost host or node never counts towards it."""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready description, for plans and manifests."""

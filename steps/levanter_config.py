@@ -105,7 +105,9 @@ def levanter_train_config(
     import dataclasses
     import json
 
+    import jax
     from levanter.callbacks.watch import WatchConfig
+    from levanter.distributed import DistributedConfig
     from levanter.main.train_lm import TrainLmConfig
     from levanter.trainer import TrainerConfig
 
@@ -170,6 +172,9 @@ def levanter_train_config(
             crash_on_inf=not guarded,
             log_jaxprs=False,
             log_xla_hlo=False,
+            # A gang joined its process group before anything else (steps.gang_sync.join_gang);
+            # a later attempt in the same process (after a rewind) must not join again.
+            distributed=DistributedConfig(initialize_jax_distributed=not jax.distributed.is_initialized()),
             watch=watch,
             # Publishes metrics.jsonl before each checkpoint when the output is on object storage.
             checkpointer=MetricsCheckpointerConfig(

@@ -48,6 +48,7 @@ from pipeline import (
     Resources,
     Step,
     StepDeclarationError,
+    current_gang,
     output_of,
     step_events,
     step_function,
@@ -56,6 +57,7 @@ from pipeline import (
 )
 from steps.checkpoints import latest_checkpoint
 from steps.files import exists, local_path, read_text
+from steps.gang_sync import barrier, exchange, join_gang
 from steps.imports import LEVANTER, import_ml
 from steps.levanter_config import hub_offline, levanter_train_config
 from steps.moe import MoeModelConfig, parameter_counts
@@ -370,16 +372,31 @@ def _latest_step(checkpoints: str) -> tuple[str | None, int | None]:
 
 
 def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
-    """Train (or resume training) the model of `config` to `num_steps`."""
+    """Train (or resume training) the model of `config` to `num_steps`.
+
+    In a gang (a training across hosts: `pipeline.current_gang()`), every process runs this: it
+    joins the gang's JAX process group first, trains its share of each global batch, and writes
+    its shards of each checkpoint; only the leader writes the step's own files (metrics,
+    rewinds, the model config, the result), and every decision to leave the training loop is
+    taken together (`steps.gang_sync`).
+    """
     import_ml(*LEVANTER)
     _check(config)
+    gang = current_gang()
+    join_gang(gang)  # before anything touches a JAX backend
     os.environ.setdefault("MARIN_PREFIX", os.path.join(config.output, ".marin"))
     import draccus
     from levanter.models.lm_model import LmConfig
 
     from steps.mixture import load_data_config
     from steps.moe import to_levanter
-    from steps.training_hooks import fix_mixtral_jit_log, fresh_tensorstore_cache, read_events, write_file
+    from steps.training_hooks import (
+        fix_mixtral_jit_log,
+        fix_multihost_eval_tags,
+        fresh_tensorstore_cache,
+        read_events,
+        write_file,
+    )
 
     out = config.output
     checkpoints = os.path.join(out, "checkpoints")
@@ -391,30 +408,42 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
     model = to_levanter(config.model, config.seq_len, data.tokenizer)
     if config.model.family == "mixtral":
         fix_mixtral_jit_log()
-    write_file(
-        os.path.join(out, "levanter_model.json"),
-        json.dumps(draccus.encode(model, LmConfig), indent=1).encode(),
-    )
+    if gang.distributed:
+        fix_multihost_eval_tags()
+    if gang.leader:
+        write_file(
+            os.path.join(out, "levanter_model.json"),
+            json.dumps(draccus.encode(model, LmConfig), indent=1).encode(),
+        )
 
     rewinds_path = os.path.join(out, REWINDS_FILE)
     rewinds = read_rewinds(read_text(rewinds_path) if exists(rewinds_path) else None, rewinds_path)
     first_resumed_from = None
     started = time.time()
     while True:
-        _, resumed_from = _latest_step(checkpoints)
+        # Decided once: every process resumes from the checkpoint the leader found.
+        resumed_from = _shared_step(_latest_step(checkpoints)[1])
         if first_resumed_from is None and not rewinds:
             first_resumed_from = resumed_from
         try:
-            _train_attempt(config, data, model, resumed_from, rewinds)
+            _train_attempt(config, data, model, resumed_from, rewinds, gang.leader)
             break
         except RewindNeeded as e:
-            rewind = _rewind(config, e, rewinds, checkpoints)
+            # Every process got here at the same step (the tracker's decision is shared), with
+            # the same list of rewinds: all of them give up together when no rewind is left.
+            _check_rewinds_left(config, e, rewinds)
+            if gang.leader:
+                rewind = _rewind(config, e, rewinds, checkpoints)
+                payload = {"rewinds": [r.to_json() for r in [*rewinds, rewind]]}
+                write_file(rewinds_path, json.dumps(payload, indent=1).encode())
+                step_events.warn(rewind.describe(), {"rewind": rewind.number, "step": rewind.trigger_step})
+                print(f"train_moe: {rewind.describe()}", flush=True)
+            # The others wait until the leader has set the checkpoints aside and said what to skip.
+            barrier(f"drydock-rewind-{len(rewinds) + 1}")
+            rewinds = read_rewinds(read_text(rewinds_path), rewinds_path)
             fresh_tensorstore_cache()  # the same steps are saved again at the same paths
-            rewinds.append(rewind)
-            payload = {"rewinds": [r.to_json() for r in rewinds]}
-            write_file(rewinds_path, json.dumps(payload, indent=1).encode())
-            step_events.warn(rewind.describe(), {"rewind": rewind.number, "step": rewind.trigger_step})
-            print(f"train_moe: {rewind.describe()}", flush=True)
+    if not gang.leader:
+        return {"process": gang.index}
     if local_path(out) is not None:  # rewinds set checkpoints aside only for this process
         shutil.rmtree(os.path.join(out, REWOUND_DIR), ignore_errors=True)
     final, final_step = _latest_step(checkpoints)
@@ -425,16 +454,29 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
         "final_step": final_step,
         "wall_seconds": time.time() - started,
         "interventions": count_interventions(read_events(metrics)),
+        **({"processes": gang.size} if gang.distributed else {}),
     }
     write_file(os.path.join(out, "train_result.json"), json.dumps(result, indent=1).encode())
     return result
 
 
+def _shared_step(step: int | None) -> int | None:
+    """The leader's `step` on every process of the gang (-1 stands for None on the wire)."""
+    value = int(exchange([-1 if step is None else step])[0, 0])
+    return None if value < 0 else value
+
+
 def _train_attempt(
-    config: TrainMoeConfig, data: Any, model: Any, resumed_from: int | None, rewinds: list[Rewind]
+    config: TrainMoeConfig,
+    data: Any,
+    model: Any,
+    resumed_from: int | None,
+    rewinds: list[Rewind],
+    leader: bool = True,
 ) -> None:
     """Run Levanter's train_lm from the checkpoint at `resumed_from` (None: from scratch) to the
-    end, or until the spike guard raises `RewindNeeded`."""
+    end, or until the spike guard raises `RewindNeeded`. Only the `leader` of a gang keeps the
+    metrics and Levanter's logs."""
     from levanter.main import train_lm
 
     from steps.training_hooks import (
@@ -451,9 +493,11 @@ def _train_attempt(
     out = config.output
     metrics = os.path.join(out, "metrics.jsonl")
     # On object storage the tracker appends to a scratch file, which is published as it grows.
-    scratch = None if local_path(out) is not None else _scratch_dir()
+    # The other processes of a gang keep nothing: their scratch only holds Levanter's own log.
+    scratch = None if local_path(out) is not None and leader else _scratch_dir()
     appended = metrics if scratch is None else os.path.join(scratch, "metrics.jsonl")
-    begin_metrics(metrics, appended, resumed_from, [_rewind_event(r) for r in rewinds])
+    if leader:
+        begin_metrics(metrics, appended, resumed_from, [_rewind_event(r) for r in rewinds])
     if resumed_from is not None:
         checkpoint_saved(appended, resumed_from, _checkpoint_time(config.output, resumed_from))
     levanter_config = levanter_train_config(
@@ -465,7 +509,7 @@ def _train_attempt(
         rewinds=rewinds,
     )
     uploader = None
-    if scratch is not None:
+    if scratch is not None and leader:
         uploader = MetricsUploader(appended, metrics, config.metrics_upload_seconds, already_published=True)
     try:
         with uploader or contextlib.nullcontext():
@@ -485,27 +529,34 @@ def _train_attempt(
         # On local disk, one line per step from here on. Segments on object storage stay as
         # uploaded: compacting them would re-send the whole run's lines, and a kill part-way
         # through rewriting many segments could double event lines (readers merge lines anyway).
-        if uploader is None:
+        if uploader is None and leader:
             write_metrics(metrics, read_metrics(appended) + read_events(appended))
     finally:
         if scratch is not None:
-            _upload_logs(os.path.join(scratch, "logs"), os.path.join(out, "logs"))
+            if leader:
+                _upload_logs(os.path.join(scratch, "logs"), os.path.join(out, "logs"))
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _rewind(config: TrainMoeConfig, needed: RewindNeeded, rewinds: list[Rewind], checkpoints: str) -> Rewind:
-    """Decide a rewind and delete the checkpoints it goes back past; raises TrainingDiverged when
-    the policy has no rewinds left."""
-    from steps.checkpoints import complete_checkpoints, delete_checkpoints
-
+def _check_rewinds_left(config: TrainMoeConfig, needed: RewindNeeded, rewinds: list[Rewind]) -> None:
+    """Raise TrainingDiverged when the policy has no rewinds left for `needed`."""
     policy = config.spike_policy
-    number = len(rewinds) + 1
     if len(rewinds) >= policy.max_rewinds:
         history = "; ".join(r.describe() for r in rewinds) or "none allowed"
         raise TrainingDiverged(
             f"{needed.reason} at step {needed.trigger_step} after {len(rewinds)} rewind(s), the most "
             f"spike_policy.max_rewinds allows ({history})"
         )
+
+
+def _rewind(config: TrainMoeConfig, needed: RewindNeeded, rewinds: list[Rewind], checkpoints: str) -> Rewind:
+    """Decide a rewind and delete the checkpoints it goes back past (the leader of a gang, after
+    `_check_rewinds_left`)."""
+    from steps.checkpoints import complete_checkpoints, delete_checkpoints
+
+    policy = config.spike_policy
+    number = len(rewinds) + 1
+    _check_rewinds_left(config, needed, rewinds)
     ranges = skipped_ranges(rewinds)
     # A checkpoint of step N holds the state after step N's update, whose loss is the one logged at
     # step N + 1: a state is known good only if step N + 1 did not spike (a bad update shows in

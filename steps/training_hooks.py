@@ -37,6 +37,7 @@ from levanter.tracker.tracker import NoopTracker, Tracker, TrackerConfig
 
 from pipeline.run import step_events
 from steps.files import exists, local_path, write_file
+from steps.gang_sync import exchange
 from steps.metrics import (
     MetricsUploader,
     begin_metrics,
@@ -50,6 +51,7 @@ from steps.spikes import Rewind, RewindNeeded, SpikeDetector, SpikePolicy, count
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "GangTracker",
     "JsonlTrackerConfig",
     "MetricsCheckpointerConfig",
     "MetricsUploader",
@@ -57,7 +59,9 @@ __all__ = [
     "SkippedBatches",
     "begin_metrics",
     "checkpoint_saved",
+    "decide_together",
     "fix_mixtral_jit_log",
+    "fix_multihost_eval_tags",
     "fresh_tensorstore_cache",
     "jit_log_breaks_grad",
     "local_path",
@@ -113,6 +117,10 @@ class JsonlTracker(Tracker):
     `read_metrics` leaves out and `read_events` returns); so does an optimizer update that
     Levanter's skip-step wrapper dropped. When the policy says to rewind, `log` raises
     `RewindNeeded` out of Levanter's training loop, after writing the step's record.
+
+    In a gang this is the leader's tracker; the other processes have a `GangTracker`. At every
+    step's loss both share what they decided (`decide_together`): the leader's rewind, any
+    process's lost lease. Every process then leaves the loop at the same step, or none does.
     """
 
     name = "drydock_jsonl"
@@ -134,6 +142,7 @@ class JsonlTracker(Tracker):
         self._detector = SpikeDetector(policy) if policy is not None else None
         # Captured here, in the step's thread: metrics may later arrive from callback threads.
         self._context = step_events.current()
+        self._guard = step_events.lease_guard()
         # For the live figures in `.progress`: the counters so far (a resumed attempt starts from
         # the events its file kept), the recent step rate, the latest throughput.
         self._events = read_events(local) if self._fs.exists(local) else []
@@ -161,7 +170,9 @@ class JsonlTracker(Tracker):
                 if kind != "ok":
                     record["spike"] = kind
             self._append(record)
-        if rewind is not None:
+        if "train/loss" in flat:
+            decide_together(record["step"], rewind, self._guard)
+        elif rewind is not None:
             raise rewind
         # Notes first: the progress report below counts them.
         if kind != "ok":
@@ -277,12 +288,19 @@ class MetricsCheckpointer(Checkpointer):
         _CHECKPOINTERS[self.metrics_path] = self
         # TensorStore writes the checkpoint from native code, which the write fence cannot see:
         # check the lease before handing it over, and never write over another attempt's save.
-        step_events.check_lease(f"the checkpoint of step {step}")
+        # Every process of a gang saves its shards together, so they decide together too.
+        what = f"the checkpoint of step {step}"
+        guard = step_events.lease_guard()
+        lost = guard.fence is not None and guard.fence.remaining() <= 0
         path = os.path.join(kwargs.get("base_path_override") or self.base_path, destination)
         saved = self.__dict__.setdefault("_saved_here", set())
-        if int(step) not in saved and exists(os.path.join(path, "metadata.json")):
-            step_events.lease_lost(
-                f"the checkpoint of step {step} at {path}",
+        taken = int(step) not in saved and exists(os.path.join(path, "metadata.json"))
+        rows = exchange([int(lost), int(taken)])
+        if rows[:, 0].any():
+            guard.lost(what, "the lease may have expired (on a process of the gang)")
+        if rows[:, 1].any():
+            guard.lost(
+                f"{what} at {path}",
                 "another attempt of this step has saved it (this one lost its lease, or its clock is off)",
             )
         saved.add(int(step))
@@ -353,6 +371,55 @@ class MetricsCheckpointerConfig(CheckpointerConfig):
         return checkpointer
 
 
+_REASONS = ("", "nan", "inf", "spike")
+
+
+def decide_together(step: int, rewind: RewindNeeded | None, guard: step_events.LeaseGuard) -> None:
+    """At the loss of `step`, on every process of the gang (a collective; nothing in a gang of
+    one): share the leader's `rewind` (None elsewhere) and whether any process's lease may have
+    expired, then act on it everywhere. A lost lease stops every process (`LeaseExpired`); a
+    rewind raises `RewindNeeded` everywhere, the leader's own (with the losses it logs)."""
+    fence = guard.fence
+    lost = fence is not None and fence.remaining() <= 0
+    reason = _REASONS.index(rewind.reason) if rewind is not None and rewind.reason in _REASONS else 0
+    row = [int(rewind is not None), rewind.trigger_step if rewind else 0, rewind.first_step if rewind else 0]
+    rows = exchange([*row, reason, int(lost)])
+    if rows[:, 4].any():
+        hosts = ", ".join(str(i) for i in np.flatnonzero(rows[:, 4]))
+        guard.lost(f"training step {step + 1}", f"process(es) {hosts} of the gang may have lost the lease")
+    if rows[0, 0]:
+        if rewind is not None:
+            raise rewind
+        trigger, first, code = (int(v) for v in rows[0, 1:4])
+        raise RewindNeeded(trigger, first, _REASONS[code] or "spike", {}, None)
+
+
+class GangTracker(Tracker):
+    """The tracker of a gang's other processes: they log nothing (the leader keeps the metrics),
+    but at every step's loss they take part in the gang's decision (`decide_together`)."""
+
+    name = "drydock_gang"
+
+    def __init__(self) -> None:
+        self._guard = step_events.lease_guard()
+
+    def log_hyperparameters(self, hparams: Mapping[str, Any]) -> None:
+        pass
+
+    def log(self, metrics: Mapping[str, Any], *, step: int | None, commit: bool | None = None) -> None:
+        if step is not None and "train/loss" in _flatten(metrics):
+            decide_together(int(step), None, self._guard)
+
+    def log_summary(self, metrics: Mapping[str, Any]) -> None:
+        pass
+
+    def log_artifact(self, artifact_path: Any, *, name: str | None = None, type: str | None = None) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
 @TrackerConfig.register_subclass("drydock_jsonl")
 @dataclasses.dataclass
 class JsonlTrackerConfig(TrackerConfig):
@@ -367,7 +434,7 @@ class JsonlTrackerConfig(TrackerConfig):
 
     def init(self, run_id: str | None) -> Tracker:
         if jax.process_index() != 0:
-            return NoopTracker()
+            return GangTracker()
         policy = SpikePolicy(**json.loads(self.spike_policy)) if self.spike_policy else None
         return JsonlTracker(self.path, policy, self.summary_path)
 
@@ -422,6 +489,37 @@ def fix_mixtral_jit_log() -> bool:
     logger.info("Mixtral: routing levanter.tracker.jit_log through jax.debug.callback (differentiable)")
     tracker_fns.jit_log = _differentiable_jit_log
     levanter.tracker.jit_log = _differentiable_jit_log
+    return True
+
+
+# -- the multi-process evaluation fix ---------------------------------------------------------------
+
+
+def _host_tag_arrays(self: Any) -> list[Any]:
+    # As Levanter's DomainTaggedDataset._compute_tag_arrays, but host (numpy) arrays: the loader
+    # stacks them into the batch and places the batch on the devices itself.
+    arrays = []
+    for _dataset, tags in self.datasets:
+        array = np.zeros(self.num_tags, dtype=np.int32)
+        array[[self.tag_to_index[tag] for tag in tags]] = 1
+        arrays.append(array)
+    return arrays
+
+
+def fix_multihost_eval_tags() -> bool:
+    """Make Levanter's evaluation work in a training that spans processes; whether it was needed.
+
+    Levanter's `DomainTaggedDataset` makes each validation set's tag array with `jnp.asarray`
+    while the trainer's mesh is current: with several processes that is a global array on every
+    process's devices, and the data loader, which stacks a batch on this process's devices,
+    fails ("Received incompatible devices for jitted computation ... device ids [0, 2048]").
+    Host arrays are what the loader expects. Applied only in a multi-process run.
+    """
+    if jax.process_count() == 1:
+        return False
+    from levanter.eval import DomainTaggedDataset
+
+    DomainTaggedDataset._compute_tag_arrays = _host_tag_arrays  # type: ignore[method-assign]
     return True
 
 

@@ -191,6 +191,32 @@ def _validate_step(step: Any, referrer: str | None = None) -> None:
             f"resources must be a Resources, got {type(step.resources).__name__}",
             field="resources",
         )
+    _validate_gang(step.name, step.resources)
+
+
+def _validate_gang(name: str, resources: Resources) -> None:
+    """The multi-host fields of `resources`: whole numbers that make sense together."""
+    for field_name in ("hosts", "slices", "crash_limit"):
+        value = getattr(resources, field_name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise StepDeclarationError(
+                name, f"must be a whole number >= 1, got {value!r}", field=f"resources.{field_name}"
+            )
+    if resources.hosts > 1 and resources.tpu:
+        raise StepDeclarationError(
+            name,
+            f"a TPU slice type says how many hosts it has ({resources.tpu}); leave hosts at 1 and "
+            "use slices=N for several slices",
+            field="resources.hosts",
+        )
+    accelerator = resources.accelerator
+    if accelerator is not None and (not isinstance(accelerator, str) or not resources.gpus):
+        raise StepDeclarationError(
+            name,
+            f"accelerator {resources.accelerator!r} names a GPU type: give it with gpus > 0 (TPU types "
+            "come from tpu=...)",
+            field="resources.accelerator",
+        )
 
 
 RECIPE_MODULE = "__drydock_recipe__"

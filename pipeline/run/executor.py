@@ -33,6 +33,13 @@ from pipeline.core.report import RunReport, StepOutcome
 from pipeline.core.run_state import RunState
 from pipeline.errors import StepCancelled, StepFailed, StepPreempted
 from pipeline.run.backends.base import Backend, StepTask
+from pipeline.run.crashes import (
+    CrashWatch,
+    attempt_log_tail,
+    attempt_progress,
+    crash_signature,
+    log_evidence,
+)
 from pipeline.run.fence import LeaseExpired
 from pipeline.run.heartbeat import Heartbeat
 from pipeline.run.hooks import call_hook, step_summary
@@ -135,6 +142,7 @@ class _Execution:
         self.stale_leases: dict[str, LeaseRecord] = {}
         self.failures: dict[str, int] = {}
         self.preemptions: dict[str, int] = {}
+        self.crashes = CrashWatch()
         # With --force, RUNNING may follow the SUCCESS seen at plan time, but not a newer one.
         self.rerun_after = {
             label: len(sp.record.events) if sp.record is not None else 0
@@ -340,6 +348,7 @@ class _Execution:
                     )
             event = self._run_and_commit(label, attempt, token, started)
             released = True  # the commit released the lease, whether it wrote SUCCESS or not
+            self.crashes.reset(label)
             return event
         # SystemExit: a step calling sys.exit() has failed; it must not stop the executor.
         except (Exception, SystemExit, StepCancelled) as e:
@@ -349,6 +358,16 @@ class _Execution:
                 why = "lease expired; writes refused" if label not in self.lost else "lease lost"
                 return _Event(label, Ending.LOST, f"{why}; step stopped, result discarded", started=started)
             kind, status, message, tb = _classify(e)
+            loop = self._crash_loop(label, step_dir, token, e) if kind is Ending.PREEMPTED else None
+            if loop is not None:
+                limit = self.dag.nodes[label].step.resources.crash_limit
+                kind, status = Ending.FAILED, Event.FAILED
+                message = (
+                    f"the same crash {limit} times in a row ({message}; {loop}): a deterministic "
+                    "crash, not a lost machine (Resources.crash_limit)"
+                )
+            elif kind is not Ending.PREEMPTED:
+                self.crashes.reset(label)
             self.store.append(
                 step_dir, self.owner, token, status, message, data={"traceback": tb} if tb else None
             )
@@ -358,6 +377,19 @@ class _Execution:
             # Whatever happened, the lease goes (a no-op if no longer ours).
             if not released:
                 self.store.release(step_dir, self.owner, token)
+
+    def _crash_loop(self, label: str, step_dir: str, token: int, error: BaseException) -> str | None:
+        """The evidence, if this preempted attempt is the `crash_limit`-th identical crash in a
+        row (`pipeline.run.crashes`); None otherwise (a lost host, or not yet the limit)."""
+        limit = self.dag.nodes[label].step.resources.crash_limit
+        if not (isinstance(error, StepPreempted) and error.crash):
+            self.crashes.observe(label, None, limit)
+            return None
+        signature = crash_signature(str(error), attempt_progress(self.store, step_dir, token))
+        if not self.crashes.observe(label, signature, limit):
+            return None
+        evidence = log_evidence(attempt_log_tail(self.store, step_dir, token))
+        return signature + (f"; its log ends: {evidence}" if evidence else "")
 
     def _write_step_json(
         self, label: str, attempt: int, token: int, started: float

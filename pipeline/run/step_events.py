@@ -8,6 +8,10 @@ never change a step's state. `progress(done, total, unit)` says how far the step
 `drydock status` shows from any machine that reads the prefix, and logs one line per 10% so that
 a console shows the step advancing without a wall of lines. Outside a step, both only log.
 
+A step that runs as a gang (one process per host, `pipeline.run.gang`) reports through its leader:
+`warn` and `progress` on the other processes only log, so `.status` and `.progress` hear one voice.
+`current_gang()` tells a step function its place in the gang (a gang of one outside a gang).
+
 `check_lease(what)` is for the writes the write fence cannot see: an upload to an object store,
 a checkpoint handed to a native writer. It raises `LeaseExpired` when the attempt's lease may
 have expired, as the fence does for a file write; `lease_guard()` captures the check in the
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from pipeline.run.fence import Fence, LeaseExpired, current_fence
+from pipeline.run.gang import ALONE, Gang
 
 __all__ = [
     "PROGRESS_INTERVAL",
@@ -36,6 +41,7 @@ __all__ = [
     "bind",
     "check_lease",
     "current",
+    "current_gang",
     "lease_guard",
     "lease_lost",
     "progress",
@@ -55,6 +61,8 @@ class StepContext:
     backend: str = "local"
     """The backend running the step: parallel work inside it is asked of that backend
     (`pipeline.run.parallel`)."""
+    gang: Gang = ALONE
+    """This process's place in the step's gang (a gang of one unless the step spans hosts)."""
 
 
 _CURRENT: contextvars.ContextVar[StepContext | None] = contextvars.ContextVar("drydock_step", default=None)
@@ -73,6 +81,13 @@ def bind(context: StepContext) -> Iterator[None]:
 def current() -> StepContext | None:
     """The running step's context; capture it in the step's thread to use it from others."""
     return _CURRENT.get()
+
+
+def current_gang() -> Gang:
+    """The running step's place in its gang: process index, count, coordinator, leader. A gang of
+    one outside a step, on the local backend, and for every step on a single host."""
+    context = _CURRENT.get()
+    return context.gang if context is not None else ALONE
 
 
 @dataclass(frozen=True)
@@ -123,7 +138,7 @@ def warn(message: str, data: Mapping[str, Any] | None = None, context: StepConte
 
     logger.warning("%s", message)
     context = context or current()
-    if context is None:
+    if context is None or not context.gang.leader:  # a gang reports through its leader
         return False
     try:
         store = StepStore(open_storage(context.output_path))
@@ -187,7 +202,7 @@ def _progress(
     if percent is not None and mark > last_mark:
         where = context.output_path.rstrip("/").rsplit("/", 1)[-1] if context is not None else "step"
         logger.info("%s: %d%% (%s of %s %s)", where, percent, _count(done), _count(total), unit)
-    if context is None or not write:
+    if context is None or not write or not context.gang.leader:  # a gang reports through its leader
         return False
     record = {
         "done": done,

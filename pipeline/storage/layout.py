@@ -86,9 +86,10 @@ def is_payload(name: str) -> bool:
 
 
 def log_name(token: int, slice_id: int | None = None, host: int | None = None) -> str:
-    """The log file of an attempt (of one host of one TPU slice, for a gang)."""
-    where = f"-slice-{slice_id}-host-{host}" if slice_id is not None else ""
-    return f"attempt-{token}{where}.log"
+    """The log file of an attempt: of one host of one TPU slice, or of one host of a gang of hosts."""
+    if slice_id is not None:
+        return f"attempt-{token}-slice-{slice_id}-host-{host}.log"
+    return f"attempt-{token}-host-{host}.log" if host is not None else f"attempt-{token}.log"
 
 
 def log_token(name: str) -> int | None:

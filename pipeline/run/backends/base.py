@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pipeline.core.plan import Plan
+from pipeline.run.gang import ALONE, Gang
 from pipeline.run.step_events import StepContext
 from pipeline.step import Resources
 
@@ -48,9 +49,10 @@ class StepTask:
     Must leave the executor's renewals time to land: poll + heartbeat interval < lease timeout.
     None: no fence."""
 
-    def context(self, backend: str) -> StepContext:
-        """What `pipeline.run.step_events` needs inside the step function, run by `backend`."""
-        return StepContext(self.output_path, self.run_id, self.token, backend)
+    def context(self, backend: str, gang: Gang = ALONE) -> StepContext:
+        """What `pipeline.run.step_events` needs inside the step function, run by `backend` in
+        the process at `gang` (a gang of one unless the step spans hosts)."""
+        return StepContext(self.output_path, self.run_id, self.token, backend, gang)
 
 
 class Backend(abc.ABC):

@@ -20,7 +20,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.errors import StepCancelled
+from pipeline.core.plan import Plan, State
+from pipeline.errors import StepCancelled, StepDeclarationError
 from pipeline.run.backends.base import Backend, StepTask
 from pipeline.run.fence import Fence, LeaseExpired
 from pipeline.run.worker import Placement, call_step
@@ -53,6 +54,19 @@ class LocalBackend(Backend):
 
     def default_concurrency(self) -> int:
         return max(2, os.cpu_count() or 2)
+
+    def validate(self, plan: Plan) -> None:
+        """Every step here is a gang of one: a step that asks for several hosts needs Ray."""
+        for label in plan.in_state(State.RUN, State.WAIT):
+            node = plan.dag.nodes[label]
+            resources = node.step.resources
+            if resources.hosts > 1:
+                raise StepDeclarationError(
+                    node.name,
+                    f"asks for {resources.hosts} hosts (a gang of processes); the local backend runs "
+                    "each step as one process: use --backend ray with a cluster of that many nodes",
+                    field="resources.hosts",
+                )
 
     def describe(self) -> str:
         return f"local threads ({os.cpu_count() or 1} CPUs)"

@@ -13,10 +13,21 @@ Mapping of `Resources` to Ray:
                                    `ray.io/tpu-slice-name` label) gang-reserves all its hosts;
                                    one task per host runs the step function. All hosts start
                                    together or none does. Multislice gets MEGASCALE_* variables.
+    hosts=N (GPU or CPU hosts)  -> one STRICT_SPREAD placement group of N bundles, one host's
+                                   share each (all or nothing); a probe task on bundle 0 picks
+                                   a free port on host 0 for JAX's coordinator; one task per
+                                   bundle runs the step function, each told its place
+                                   (`pipeline.run.gang.Gang`: index, size, coordinator).
 
-Failures: a task lost with its node (node died, worker crashed, slice preempted) raises
-`StepPreempted`; an exception in the step function raises `StepFailed` with the remote
-traceback. The executor records them and retries each on its own budget.
+Gangs (any of the two above): each process's place is in its `StepContext` (`current_gang()`).
+One host's task failing ends the whole gang at once: the other tasks are cancelled, the
+placement group released, and the executor retries the gang as one attempt.
+
+Failures: a task lost with its node (node died, slice preempted) or whose worker process died
+(crashed, killed) raises `StepPreempted` (`crash=True` for a dead worker: the executor turns the
+same crash over and over into a failure); an exception in the step function raises `StepFailed`
+with the remote traceback. In a gang, if any host was lost the gang was preempted, whatever the
+other hosts raised when their peer went away. The executor retries each on its own budget.
 
 Fencing: while a task runs, a watcher thread in its worker re-reads the step's `.lease` every
 `StepTask.lease_poll` seconds, and the worker refuses the step's file writes (`pipeline.run.fence`,
@@ -35,6 +46,7 @@ with the step name; a copy is written to `<output>/.logs/attempt-<n>[-slice-<s>-
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import logging
 import os
 import re
@@ -43,7 +55,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import ray
 import ray.exceptions
@@ -59,15 +71,22 @@ from pipeline.core.plan import Plan, State
 from pipeline.core.tpu import TpuSlice, tpu_slice
 from pipeline.errors import StepCancelled, StepDeclarationError, StepFailed, StepPreempted
 from pipeline.run.backends.base import Backend, StepTask
-from pipeline.run.backends.ray_resources import SLICE_LABEL, runtime_env, task_options, unsatisfiable
+from pipeline.run.backends.ray_resources import (
+    SLICE_LABEL,
+    host_bundle,
+    runtime_env,
+    task_options,
+    unsatisfiable,
+)
 from pipeline.run.fence import LeaseExpired
+from pipeline.run.gang import ALONE, Gang
 from pipeline.run.options import RayOptions
 from pipeline.run.step_events import StepContext
 from pipeline.run.worker import Placement, call_step, lease_fence
 from pipeline.step import hooks_of
 from pipeline.storage.layout import LOGS_DIR, log_name
 
-__all__ = ["FencedWrite", "RayBackend"]
+__all__ = ["FencedWrite", "RayBackend", "gang_env"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,15 +95,24 @@ T = TypeVar("T")
 MEGASCALE_PORT = 8081
 
 # Errors that mean the machine went away, not that the step function is wrong.
-_PREEMPTION_ERRORS: tuple[type[BaseException], ...] = (
+_HOST_LOST_ERRORS: tuple[type[BaseException], ...] = (
     ray.exceptions.NodeDiedError,
-    ray.exceptions.WorkerCrashedError,
     ray.exceptions.LocalRayletDiedError,
     ray.exceptions.ObjectLostError,
     ray.exceptions.OwnerDiedError,
-    ray.exceptions.ActorDiedError,
     ray.exceptions.ActorUnavailableError,
 )
+# ...and those that mean the step's own process died: a preemption too, but perhaps a
+# deterministic one (a segfault, an out-of-memory kill at the same point every time).
+_CRASH_ERRORS: tuple[type[BaseException], ...] = (
+    ray.exceptions.WorkerCrashedError,
+    ray.exceptions.ActorDiedError,
+    ray.exceptions.OutOfMemoryError,
+)
+_PREEMPTION_ERRORS = _HOST_LOST_ERRORS + _CRASH_ERRORS
+GANG_SETTLE_SECONDS = 30.0
+"""After a gang's first failure, how long to wait for its other tasks to end (cancelled, or
+failing on their own) before telling a lost host from an exception."""
 
 
 class FencedWrite(Exception):
@@ -103,6 +131,8 @@ def _call_step(
 ) -> None:
     """Runs on a Ray worker: the step function through `pipeline.run.worker`, fenced by its lease,
     its output copied to the step's logs."""
+    # A segfault's Python stack goes to the worker's stderr (Ray's worker log on that node).
+    faulthandler.enable()
     _region_from_node()
     try:
         with lease_fence(context, lease_poll, valid_until, label) as fence:
@@ -177,6 +207,7 @@ class RayBackend(Backend):
         )
         self._remote = ray.remote(_call_step)
         self._remote_fresh = ray.remote(max_calls=1)(_call_step)
+        self._free_port = ray.remote(max_retries=0)(_free_port)
         self._lock = threading.Lock()
         self._refs: dict[str, list[ray.ObjectRef]] = {}
         self._cancelled: set[str] = set()
@@ -221,6 +252,8 @@ class RayBackend(Backend):
         try:
             if task.resources.tpu:
                 self._run_tpu(task, tpu_slice(task.resources.tpu))
+            elif task.resources.hosts > 1:
+                self._run_hosts(task)
             else:
                 options = task_options(task.resources)
                 self._wait([self._submit(task, options, log_name(task.token))], task)
@@ -228,7 +261,9 @@ class RayBackend(Backend):
             with self._lock:
                 self._refs.pop(task.label, None)
 
-    def _submit(self, task: StepTask, options: dict[str, Any], log_name: str) -> ray.ObjectRef:
+    def _submit(
+        self, task: StepTask, options: dict[str, Any], log_name: str, gang: Gang = ALONE
+    ) -> ray.ObjectRef:
         log_path = f"{task.output_path}/{LOGS_DIR}/{log_name}"
         # A step function marked `fresh_process = True` (e.g. training, which leaves global state
         # behind in its process) gets a worker that exits after the call.
@@ -237,7 +272,13 @@ class RayBackend(Backend):
         # `.lease`'s `expires` with.
         valid_until = time.time() + task.lease_remaining() if task.lease_remaining is not None else None
         ref = remote.options(name=task.name, max_retries=0, **options).remote(
-            task.fn, task.config, log_path, task.context(self.name), task.lease_poll, valid_until, task.label
+            task.fn,
+            task.config,
+            log_path,
+            task.context(self.name, gang),
+            task.lease_poll,
+            valid_until,
+            task.label,
         )
         with self._lock:
             self._refs.setdefault(task.label, []).append(ref)
@@ -247,33 +288,66 @@ class RayBackend(Backend):
         return ref
 
     def _wait(self, refs: list[ray.ObjectRef], task: StepTask) -> None:
-        """Wait for all refs; the first failure cancels the others (a gang fails as one)."""
+        """Wait for all refs; the first failure cancels the others (a gang fails as one), and
+        the gang's ending is told from what every task ended with (`_gang_error`)."""
         pending = list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             try:
                 ray.get(done[0])
-            except BaseException:
+            except BaseException as first:
                 for ref in pending:
                     ray.cancel(ref, force=True)
-                self._raise(task)
+                error = _gang_error(first, _settle(pending, GANG_SETTLE_SECONDS)) if len(refs) > 1 else first
+                self._raise(task, error, len(refs) > 1 and error is not first)
         if task.label in self._cancelled:
             raise StepCancelled(task.label)
 
-    def _raise(self, task: StepTask) -> None:
-        """Translate the exception being handled into the executor's vocabulary."""
-        error = sys.exc_info()[1]
+    def _raise(self, task: StepTask, error: BaseException, other_host: bool = False) -> NoReturn:
+        """Translate a task's `error` into the executor's vocabulary."""
         if task.label in self._cancelled or isinstance(error, ray.exceptions.TaskCancelledError):
             raise StepCancelled(task.label) from None
         if isinstance(error, _PREEMPTION_ERRORS):
-            raise StepPreempted(f"{type(error).__name__}: {str(error).splitlines()[0]}") from None
+            where = "a host of the gang: " if other_host else ""
+            crash = isinstance(error, _CRASH_ERRORS)
+            raise StepPreempted(
+                f"{where}{type(error).__name__}: {str(error).splitlines()[0]}", crash
+            ) from None
         if isinstance(error, ray.exceptions.RayTaskError) and isinstance(error.cause, FencedWrite):
             raise LeaseExpired(str(error.cause)) from None
         if isinstance(error, ray.exceptions.RayTaskError):
             cause = error.cause
             message = f"{type(cause).__name__}: {cause}" if cause is not None else str(error).splitlines()[0]
             raise StepFailed(_plain(message), _plain(str(error))) from None
-        raise error  # type: ignore[misc]
+        raise error
+
+    def _run_hosts(self, task: StepTask) -> None:
+        """A gang of GPU or CPU hosts: every host reserved at once, one task per host."""
+        resources = task.resources
+        bundle = host_bundle(resources)
+        group = placement_group([dict(bundle) for _ in range(resources.hosts)], strategy="STRICT_SPREAD")
+        try:
+            self._ready(group, task)
+            host0 = _node_ip(placement_group_table(group)["bundles_to_node_id"][0])
+            port = ray.get(
+                self._free_port.options(
+                    num_cpus=0, scheduling_strategy=PlacementGroupSchedulingStrategy(group, 0)
+                ).remote()
+            )
+            platform = "gpu" if resources.gpus else "cpu"
+            refs = []
+            for h in range(resources.hosts):
+                gang = Gang(index=h, size=resources.hosts, coordinator=f"{host0}:{port}", platform=platform)
+                env = {**resources.env, **gang_env(gang)}
+                options = task_options(resources, env)
+                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                    group, placement_group_bundle_index=h
+                )
+                refs.append(self._submit(task, options, log_name(task.token, host=h), gang))
+            self._wait(refs, task)
+        finally:
+            with contextlib.suppress(Exception):
+                remove_placement_group(group)
 
     def _run_tpu(self, task: StepTask, spec: TpuSlice) -> None:
         resources = task.resources
@@ -299,8 +373,11 @@ class RayBackend(Backend):
             refs = []
             for s, (name, group) in enumerate(slices):
                 for h in range(spec.hosts):
+                    # JAX finds the other processes of a TPU slice itself: no coordinator here.
+                    gang = Gang(index=s * spec.hosts + h, size=resources.slices * spec.hosts, platform="tpu")
                     env = {
                         **resources.env,
+                        **gang_env(gang),
                         "DRYDOCK_TPU_TYPE": spec.type,
                         "DRYDOCK_TPU_SLICE_NAME": name,
                         "DRYDOCK_TPU_SLICE_ID": str(s),
@@ -322,7 +399,7 @@ class RayBackend(Backend):
                         ),
                         "runtime_env": runtime_env(resources, env),
                     }
-                    refs.append(self._submit(task, options, log_name(task.token, s, h)))
+                    refs.append(self._submit(task, options, log_name(task.token, s, h), gang))
             self._wait(refs, task)
         finally:
             for group in groups:
@@ -349,6 +426,47 @@ class RayBackend(Backend):
     def close(self) -> None:
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
+
+
+def _free_port() -> int:
+    """Runs on a gang's host 0: a port free there now, for JAX's distributed coordinator."""
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return int(probe.getsockname()[1])
+
+
+def gang_env(gang: Gang) -> dict[str, str]:
+    """A gang process's place as environment variables too, for code that reads no context
+    (a subprocess the step starts)."""
+    env = {"DRYDOCK_GANG_INDEX": str(gang.index), "DRYDOCK_GANG_SIZE": str(gang.size)}
+    if gang.coordinator:
+        env["DRYDOCK_GANG_COORDINATOR"] = gang.coordinator
+    return env
+
+
+def _settle(refs: list[ray.ObjectRef], timeout: float) -> list[BaseException]:
+    """What the tasks of `refs` (just cancelled) ended with, waiting at most `timeout` seconds."""
+    errors = []
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout) if refs else ([], [])
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except BaseException as e:
+            errors.append(e)
+    return errors
+
+
+def _gang_error(first: BaseException, others: list[BaseException]) -> BaseException:
+    """What a gang ended with: a lost host if any task lost its host or its process (the others
+    then fail on their own, in a collective whose peer went away: not the step's fault);
+    otherwise the first failure. Cancellations of the other tasks are the gang's own doing."""
+    for error in (first, *others):
+        if isinstance(error, _HOST_LOST_ERRORS):
+            return error
+    for error in (first, *others):
+        if isinstance(error, _CRASH_ERRORS):
+            return error
+    return first
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -2,8 +2,10 @@
 functions read Ray's node descriptions (plain dicts) and never import Ray.
 
     cpus, gpus, memory, custom  -> num_cpus, num_gpus, memory, resources of the task
+    accelerator="H100"          -> accelerator_type (Ray's `accelerator_type:H100` node resource)
     env, pip                    -> runtime_env {"env_vars": ..., "pip": ...}
     tpu="v4-16", slices=N       -> whole slices, found by the `ray.io/tpu-slice-name` node label
+    hosts=N                     -> N nodes, each able to hold one host's share (a gang)
 """
 
 from __future__ import annotations
@@ -13,7 +15,15 @@ from typing import Any
 from pipeline.core.tpu import tpu_slice
 from pipeline.step import Resources
 
-__all__ = ["SLICE_LABEL", "parse_memory", "runtime_env", "task_options", "unsatisfiable"]
+__all__ = [
+    "ACCELERATOR_PREFIX",
+    "SLICE_LABEL",
+    "host_bundle",
+    "parse_memory",
+    "runtime_env",
+    "task_options",
+    "unsatisfiable",
+]
 
 SLICE_LABEL = "ray.io/tpu-slice-name"
 
@@ -55,16 +65,32 @@ def runtime_env(resources: Resources, env: dict[str, str] | None = None) -> dict
     return runtime_env
 
 
-def task_options(resources: Resources) -> dict[str, Any]:
+ACCELERATOR_PREFIX = "accelerator_type:"
+"""Ray's node resource naming a node's GPU type (`accelerator_type:H100`)."""
+
+
+def task_options(resources: Resources, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Ray task options for one host's share of `resources` (the whole step on one host)."""
     options: dict[str, Any] = {"num_cpus": resources.cpus, "num_gpus": resources.gpus}
     if resources.memory:
         options["memory"] = parse_memory(resources.memory)
     if resources.custom:
         options["resources"] = dict(resources.custom)
-    env = runtime_env(resources)
-    if env:
-        options["runtime_env"] = env
+    if resources.accelerator:
+        options["accelerator_type"] = resources.accelerator
+    runtime = runtime_env(resources, env)
+    if runtime:
+        options["runtime_env"] = runtime
     return options
+
+
+def host_bundle(resources: Resources) -> dict[str, float]:
+    """One host's placement-group bundle of a gang: its CPUs, GPUs, memory and custom resources
+    (a tiny share of the accelerator-type resource pins it to hosts of that GPU type)."""
+    bundle = _requested(resources)
+    if resources.accelerator:
+        bundle[f"{ACCELERATOR_PREFIX}{resources.accelerator}"] = 0.001
+    return bundle
 
 
 def _requested(resources: Resources) -> dict[str, float]:
@@ -74,6 +100,8 @@ def _requested(resources: Resources) -> dict[str, float]:
     if resources.memory:
         wanted["memory"] = float(parse_memory(resources.memory))
     wanted.update({k: float(v) for k, v in resources.custom.items()})
+    if resources.accelerator:
+        wanted[f"{ACCELERATOR_PREFIX}{resources.accelerator}"] = 0.001
     return wanted
 
 
@@ -109,10 +137,18 @@ def unsatisfiable(resources: Resources, nodes: list[dict[str, Any]]) -> str | No
             )
         return None
     wanted = _requested(resources)
-    for node in nodes:
-        have = node.get("Resources", {})
-        if all(have.get(k, 0) >= v for k, v in wanted.items()):
+    fitting = sum(
+        1 for node in nodes if all(node.get("Resources", {}).get(k, 0) >= v for k, v in wanted.items())
+    )
+    if resources.hosts > 1:
+        if fitting >= resources.hosts:
             return None
+        return (
+            f"asks for {resources.hosts} hosts of {_describe(wanted)} each (a gang: one process per "
+            f"node, all at once); the cluster has {fitting} such node(s)"
+        )
+    if fitting:
+        return None
     largest = max((n.get("Resources", {}) for n in nodes), key=lambda r: r.get("CPU", 0), default={})
     totals: dict[str, float] = {}
     for node in nodes:

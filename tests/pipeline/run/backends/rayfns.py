@@ -43,13 +43,20 @@ class ProbeConfig:
     fail_first: str | None = None
     """A marker file: if absent, create it and raise (so the first attempt fails)."""
     tags: list[str] = field(default_factory=list)
+    fail_index: int | None = None
+    """In a gang: the process of this index raises at once (the others sleep `sleep`)."""
 
 
 def probe(config: ProbeConfig) -> None:
-    """Record where and how the step ran: node, resources, environment, host ids."""
+    """Record where and how the step ran: node, resources, environment, host ids, gang place."""
     import ray
 
+    from pipeline import current_gang
+
+    gang = current_gang()
     print(config.message, flush=True)
+    if config.fail_index is not None and gang.index == config.fail_index:
+        raise RuntimeError(f"process {gang.index} of the gang fails on purpose")
     if config.fail_first and not os.path.exists(config.fail_first):
         open(config.fail_first, "w").close()
         raise RuntimeError("first attempt fails on purpose")
@@ -67,9 +74,15 @@ def probe(config: ProbeConfig) -> None:
         "env": {k: v for k, v in os.environ.items() if k.startswith(("DRYDOCK_", "MEGASCALE_", "PROBE_"))},
         "host": socket.gethostname(),
         "pid": os.getpid(),
+        "gang": {
+            "index": gang.index,
+            "size": gang.size,
+            "coordinator": gang.coordinator,
+            "leader": gang.leader,
+        },
     }
     os.makedirs(config.output, exist_ok=True)
-    host_id = os.environ.get("DRYDOCK_TPU_HOST_ID", "0")
+    host_id = os.environ.get("DRYDOCK_TPU_HOST_ID", str(gang.index))
     slice_id = os.environ.get("DRYDOCK_TPU_SLICE_ID", "0")
     with open(os.path.join(config.output, f"probe-{slice_id}-{host_id}.json"), "w") as f:
         json.dump(info, f)
@@ -125,3 +138,20 @@ def talk_then_sleep(config: TalkConfig) -> None:
     os.makedirs(config.output, exist_ok=True)
     print("step says hello", flush=True)
     time.sleep(config.seconds)
+
+
+@dataclass(frozen=True)
+class CrashConfig:
+    output: str
+    tags: list[str] = field(default_factory=list)
+
+
+def segfault(config: CrashConfig) -> None:
+    """A step whose process dies of a segmentation fault every time, at the same point."""
+    import ctypes
+
+    print("reading address 0", flush=True)
+    ctypes.string_at(0)
+
+
+step_function(segfault, fresh_process=True)

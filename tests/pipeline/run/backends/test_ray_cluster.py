@@ -34,7 +34,7 @@ from pipeline.core.records import Event
 from pipeline.run.executor import RunReport
 from pipeline.storage.files import LocalStorage
 from pipeline.storage.step_store import StepStore
-from tests.pipeline.run.backends.rayfns import ProbeConfig, probe
+from tests.pipeline.run.backends.rayfns import CrashConfig, ProbeConfig, probe, segfault
 
 pytestmark = pytest.mark.slow
 
@@ -184,9 +184,96 @@ def test_multislice_gets_megascale_coordinates(cluster, tmp_path):
     assert coordinator.startswith("127.0.0.") and coordinator.endswith(":8081")
 
 
+def test_a_gang_of_two_hosts_runs_one_process_on_each_with_one_coordinator(cluster, tmp_path):
+    # w3 and w4 carry the custom resource `zone`: the gang's two bundles land one on each.
+    step = Step(
+        "train/gang",
+        probe,
+        ProbeConfig(this_output(), tags=versioned(["gang"])),
+        resources=Resources(cpus=1, hosts=2, custom={"zone": 1}),
+    )
+    prefix = tmp_path / "prefix"
+    report = run([step], prefix, cluster)
+    assert report.ok, {k: o.error for k, o in report.outcomes.items()}
+    (step_dir,) = prefix.glob("train/gang-*")
+    hosts = probes(step_dir)
+    assert len(hosts) == 2 and len({h["node_id"] for h in hosts}) == 2, "one process per node"
+    assert labels_of(cluster, hosts) == {"slice-b", "slice-c"}
+    assert [h["gang"]["index"] for h in hosts] == [0, 1] and {h["gang"]["size"] for h in hosts} == {2}
+    assert [h["gang"]["leader"] for h in hosts] == [True, False]
+    (coordinator,) = {h["gang"]["coordinator"] for h in hosts}
+    assert coordinator == hosts[0]["env"]["DRYDOCK_GANG_COORDINATOR"]
+    host0_ip, port = coordinator.rsplit(":", 1)
+    assert host0_ip.startswith("127.0.0.") and int(port) > 0
+    assert sorted(h["env"]["DRYDOCK_GANG_INDEX"] for h in hosts) == ["0", "1"]
+    logs = sorted(p.name for p in (step_dir / ".logs").iterdir())
+    assert logs == ["attempt-1-host-0.log", "attempt-1-host-1.log"]
+
+
+def labels_of(address: str, hosts: list[dict]) -> set[str]:
+    labels = node_labels(address)
+    return {labels[h["node_id"]] for h in hosts}
+
+
+def test_a_gang_the_cluster_cannot_hold_is_refused_before_anything_runs(cluster, tmp_path):
+    from pipeline.errors import StepDeclarationError
+
+    step = Step(
+        "train/gang3",
+        probe,
+        ProbeConfig(this_output(), tags=versioned(["gang3"])),
+        resources=Resources(cpus=1, hosts=3, custom={"zone": 1}),
+    )
+    with pytest.raises(StepDeclarationError) as info:
+        run([step], tmp_path / "prefix", cluster)
+    assert info.value.field == "resources"
+    assert "asks for 3 hosts of CPU 1, zone 1 each (a gang" in str(info.value)
+    assert "the cluster has 2 such node(s)" in str(info.value)
+    assert not (tmp_path / "prefix" / "train").exists()
+
+
+def test_one_host_failing_ends_the_whole_gang_at_once(cluster, tmp_path):
+    # Process 1 raises at once; process 0 would sleep two minutes: it is cancelled instead.
+    step = Step(
+        "train/gang-fails",
+        probe,
+        ProbeConfig(this_output(), sleep=120, pid_file=str(tmp_path / "pids"), fail_index=1),
+        resources=Resources(cpus=1, hosts=2, custom={"zone": 1}),
+    )
+    prefix = tmp_path / "prefix"
+    report = run([step], prefix, cluster)
+    (outcome,) = report.outcomes.values()
+    assert not report.ok and "RuntimeError: process 1 of the gang fails on purpose" in (outcome.error or "")
+    sleeper = int(wait_for_lines(tmp_path / "pids", 1)[0].split()[0])
+    assert pid_gone(sleeper), "the other host's process was not stopped"
+    (step_dir,) = prefix.glob("train/gang-fails-*")
+    events = StepStore(LocalStorage()).events(str(step_dir))
+    assert [e.event for e in events] == [Event.RUNNING, Event.FAILED]  # a failure, not a preemption
+
+
+def test_the_same_crash_again_and_again_is_a_failure_not_a_preemption(cluster, tmp_path):
+    step = Step(
+        "crash/loop",
+        segfault,
+        CrashConfig(this_output(), tags=versioned(["crash"])),
+        resources=Resources(custom={"zone": 1}, preemption_retries=1000),
+    )
+    prefix = tmp_path / "prefix"
+    report = run([step], prefix, cluster)
+    (outcome,) = report.outcomes.values()
+    assert not report.ok
+    error = outcome.error or ""
+    assert "the same crash 3 times in a row (WorkerCrashedError" in error, error
+    assert "WorkerCrashedError before reporting progress" in error
+    assert "a deterministic crash, not a lost machine" in error
+    (step_dir,) = prefix.glob("crash/loop-*")
+    events = [e.event for e in StepStore(LocalStorage()).events(str(step_dir))]
+    assert events == [Event.RUNNING, Event.PREEMPTED] * 2 + [Event.RUNNING, Event.FAILED]
+
+
 EXPERIMENT = """
 from pipeline import Resources, Step, executor_main, this_output, versioned
-from tests.pipeline.run.backends.rayfns import ProbeConfig, probe
+from tests.pipeline.run.backends.rayfns import CrashConfig, ProbeConfig, probe, segfault
 
 config = ProbeConfig(this_output(), sleep=120, pid_file={pid_file!r}, tags=versioned(["cancel"]))
 step = Step("long/step", probe, config, resources=Resources(custom={{"zone": 1}}))

@@ -1,0 +1,94 @@
+"""The processes of a training gang decide together.
+
+A training that spans hosts runs the same program in one process per host (SPMD); every step is
+a set of collectives that all of them must enter. A process that leaves the training loop on its
+own (to rewind after a loss spike, because its write fence saw the lease expire, because its
+checkpoint writer found someone else's checkpoint) leaves the others waiting in the next
+collective forever. So no process acts on such a decision alone: each decision is taken once,
+shared through a collective that every process enters at the same point of the program, and
+only then acted upon, by all of them the same way.
+
+    join_gang(gang)          jax.distributed from the gang's coordinates (Levanter's DistributedConfig)
+    exchange(row)            every process's row of small integers, to every process
+    agree_any(flag)          True on every process if it is True on any
+    barrier(name)            wait until every process got here
+
+In a gang of one these cost nothing and return at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+
+from pipeline import Gang
+
+__all__ = ["agree_any", "barrier", "exchange", "join_gang"]
+
+logger = logging.getLogger(__name__)
+
+JOIN_TIMEOUT_SECONDS = 600
+"""How long a process waits for all of its gang to join the JAX process group."""
+
+
+def join_gang(gang: Gang) -> None:
+    """Make this process one of the gang's JAX process group, before anything touches a JAX
+    backend. A gang of one does nothing; a TPU gang lets JAX find its peers through the TPU
+    runtime; GPU and CPU gangs use the coordinator the backend gave (host 0 and a free port).
+    CPU processes exchange tensors through gloo. Never from a hub or a metadata server."""
+    if not gang.distributed:
+        return
+    import jax
+    from levanter.distributed import DistributedConfig
+
+    if jax.distributed.is_initialized():
+        return
+    if gang.platform == "tpu":
+        DistributedConfig().initialize()
+        return
+    if gang.platform == "cpu":
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    logger.info("joining the gang: process %d of %d, coordinator %s", gang.index, gang.size, gang.coordinator)
+    jax.distributed.initialize(
+        gang.coordinator,
+        gang.size,
+        gang.index,
+        list(gang.local_device_ids) if gang.local_device_ids is not None else None,
+        initialization_timeout=JOIN_TIMEOUT_SECONDS,
+    )
+
+
+def _size() -> int:
+    """Processes in this training's JAX process group: 1 unless `join_gang` made one (asked
+    without touching a JAX backend, which a single-process run initializes later, its own way)."""
+    import jax
+
+    return jax.process_count() if jax.distributed.is_initialized() else 1
+
+
+def exchange(row: Sequence[int]) -> np.ndarray:
+    """Every process's `row` (the same length everywhere), stacked by process index: a collective
+    that every process of the gang must enter. One process: its own row."""
+    local = np.asarray(row, dtype=np.int64).reshape(1, -1)
+    if _size() == 1:
+        return local
+    from jax.experimental import multihost_utils
+
+    # int32 on the wire: JAX without x64 would silently narrow int64 anyway.
+    return np.asarray(multihost_utils.process_allgather(local.astype(np.int32)[0])).reshape(_size(), -1)
+
+
+def agree_any(flag: bool) -> bool:
+    """True on every process if `flag` is True on any (a collective, like `exchange`)."""
+    return bool(exchange([int(flag)])[:, 0].any())
+
+
+def barrier(name: str) -> None:
+    """Wait until every process of the gang has reached the barrier called `name`."""
+    if _size() == 1:
+        return
+    from jax.experimental import multihost_utils
+
+    multihost_utils.sync_global_devices(name)
