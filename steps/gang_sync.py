@@ -18,7 +18,6 @@ In a gang of one these cost nothing and return at once.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
 import numpy as np
@@ -26,8 +25,6 @@ import numpy as np
 from pipeline import Gang
 
 __all__ = ["agree_any", "barrier", "exchange", "join_gang"]
-
-logger = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_SECONDS = 600
 """How long a process waits for all of its gang to join the JAX process group."""
@@ -50,13 +47,18 @@ def join_gang(gang: Gang) -> None:
         return
     if gang.platform == "cpu":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    logger.info("joining the gang: process %d of %d, coordinator %s", gang.index, gang.size, gang.coordinator)
     jax.distributed.initialize(
         gang.coordinator,
         gang.size,
         gang.index,
         list(gang.local_device_ids) if gang.local_device_ids is not None else None,
         initialization_timeout=JOIN_TIMEOUT_SECONDS,
+    )
+    # In the attempt's log of each host: which process this is, and with whom.
+    print(
+        f"train: process {gang.index} of {gang.size} joined the gang (coordinator {gang.coordinator}, "
+        f"{jax.device_count()} devices in all)",
+        flush=True,
     )
 
 

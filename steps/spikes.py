@@ -347,8 +347,10 @@ def _checked_rewind(record: Any, i: int) -> Rewind:
     if record.get("reason") not in ("nan", "inf", "spike"):
         raise ValueError(f"{where}.reason is {record.get('reason')!r}, not 'nan', 'inf' or 'spike'")
     losses = record.get("losses", {})
+    # A NaN or infinite loss is kept as its repr ("nan", "inf"): JSON has no number for it.
     if not isinstance(losses, dict) or not all(
-        isinstance(v, int | float) and not isinstance(v, bool) for v in losses.values()
+        (isinstance(v, int | float) and not isinstance(v, bool)) or v in ("nan", "inf", "-inf")
+        for v in losses.values()
     ):
         raise ValueError(f"{where}.losses is not a mapping of steps to losses")
     for name, default in (("median", None), ("lr_factor", 1.0), ("wall_time", 0.0)):

@@ -201,3 +201,8 @@ def test_a_damaged_rewinds_file_is_one_error_naming_it(text, expect):
     with pytest.raises(RewindsFileError, match=re.escape("/run/rewinds.json is damaged: ")) as info:
         read_rewinds(text, "/run/rewinds.json")
     assert expect in str(info.value)
+
+
+def test_a_rewind_of_a_nan_loss_reads_back():
+    r = Rewind(1, 41, 41, 30, (41, 41), "nan", {"41": "nan", "42": "inf"}, None, 0.5, 31, 51)
+    assert read_rewinds(json.dumps({"rewinds": [r.to_json()]}), "x/rewinds.json") == [r]

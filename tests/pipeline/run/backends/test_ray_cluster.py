@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -35,11 +34,11 @@ from pipeline.run.executor import RunReport
 from pipeline.storage.files import LocalStorage
 from pipeline.storage.step_store import StepStore
 from tests.pipeline.run.backends.rayfns import CrashConfig, ProbeConfig, probe, segfault
+from tests.raycluster import ray_cluster, ray_env
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[4]
-RAY = str(Path(sys.executable).with_name("ray"))
 
 NODES = {
     "w1": ({"TPU": 4, "TPU-v4-16-head": 1}, "slice-a"),
@@ -49,72 +48,10 @@ NODES = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def ray_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
-    env["RAY_AUTH_MODE"] = "disabled"
-    env.pop("RAY_ADDRESS", None)
-    return env
-
-
 @pytest.fixture(scope="module")
 def cluster():
-    import ray
-
-    if ray.is_initialized():
-        ray.shutdown()
-    port = free_port()
-    address = f"127.0.0.2:{port}"
-    common = ["--num-cpus", "1", "--disable-usage-stats"]
-    subprocess.run(
-        [
-            RAY,
-            "start",
-            "--head",
-            "--node-ip-address",
-            "127.0.0.2",
-            "--port",
-            str(port),
-            "--include-dashboard",
-            "false",
-            *common,
-        ],
-        check=True,
-        env=ray_env(),
-        capture_output=True,
-        timeout=180,
-    )
-    try:
-        # One at a time: on two cores, raylets started together time out registering with the GCS.
-        for i, (resources, slice_name) in enumerate(NODES.values(), start=3):
-            subprocess.run(
-                [
-                    RAY,
-                    "start",
-                    "--address",
-                    address,
-                    "--node-ip-address",
-                    f"127.0.0.{i}",
-                    "--resources",
-                    json.dumps(resources),
-                    "--labels",
-                    f"ray.io/tpu-slice-name={slice_name}",
-                    *common,
-                ],
-                check=True,
-                env=ray_env(),
-                capture_output=True,
-                timeout=180,
-            )
+    with ray_cluster(list(NODES.values())) as address:
         yield address
-    finally:
-        subprocess.run([RAY, "stop", "--force"], env=ray_env(), capture_output=True, timeout=120)
 
 
 def run(steps, prefix, address, **options) -> RunReport:
@@ -273,7 +210,7 @@ def test_the_same_crash_again_and_again_is_a_failure_not_a_preemption(cluster, t
 
 EXPERIMENT = """
 from pipeline import Resources, Step, executor_main, this_output, versioned
-from tests.pipeline.run.backends.rayfns import CrashConfig, ProbeConfig, probe, segfault
+from tests.pipeline.run.backends.rayfns import ProbeConfig, probe
 
 config = ProbeConfig(this_output(), sleep=120, pid_file={pid_file!r}, tags=versioned(["cancel"]))
 step = Step("long/step", probe, config, resources=Resources(custom={{"zone": 1}}))
