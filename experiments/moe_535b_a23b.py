@@ -42,9 +42,6 @@ Every remaining difference from the published run:
     tokens;
   * no auxiliary load-balancing loss, as published; but also no balancing bias, which Levanter
     does not implement. Router balance is watched through the train step's router statistics;
-  * hardware: two v5p-2048 TPU slices, not GB200 racks. Drydock's Ray backend gang-schedules TPU
-    pod slices host by host, but not multi-host GPU jobs yet. A GPU declaration
-    (`Resources(gpus=...)`) would ask for a single host;
   * the data components and their weights are placeholders with the original's structure: three
     phases, switching at the published steps. Each is a raw dataset declared by name and version
     (`steps.sources.raw_dataset`) at two mirror locations, DRYDOCK_535B_DATA and
@@ -55,6 +52,21 @@ Every remaining difference from the published run:
     needs the LSH bands sharded across hosts, which the step does not do yet;
   * the peak learning rate (2e-4) and weight decay (0.1) are not published; they are this
     recipe's choice.
+
+Hardware, as published: 704 GB200 GPUs, 11 racks of 16 hosts with 4 GPUs each, as one gang of
+176 hosts (`Resources(gpus=4, hosts=176, accelerator="GB200")`: one process per host, all hosts
+reserved at once, the whole gang retried from its last checkpoint when a host is lost). The mesh
+puts the batch on all 704 GPUs (11,264 sequences: 16 per GPU) and shards the parameters FSDP-style
+over 88 of them and the experts 8 ways (`MeshSpec(data=88, expert=8)`: 48 of the 384 experts' weights per
+device), computing in bfloat16. `drydock plan` shows, offline:
+
+    mesh               data 88 x expert 8 (704 GB200)
+    memory per device  120.9 GiB of 173.2 GiB (70%): state 12.2 GiB, activations 108.7 GiB
+    time               40 days at 40% MFU
+
+(memory: 16 bytes per parameter held, the residual stream of each of the 48 layers, one layer's
+working set, the float32 logits: `steps/estimates.py`; time: 6 x 22.70B active parameters x 18.0T
+tokens / (704 x 2.5 PFLOP/s x 0.4)). The published run took about three months, an MFU nearer 0.15.
 
 Tokenization runs on CPU hosts.
 """
@@ -73,7 +85,7 @@ from steps.sources import RawDataset, raw_dataset
 from steps.spikes import Stability
 from steps.task_eval import task_eval_step
 from steps.tokenize import tokenize_step
-from steps.train_moe import OptimizerSpec, train_moe_step
+from steps.train_moe import MeshSpec, OptimizerSpec, train_moe_step
 
 DATA = os.environ.get("DRYDOCK_535B_DATA", "gs://your-bucket/raw")
 DATA_MIRROR = os.environ.get("DRYDOCK_535B_DATA_MIRROR", "gs://your-bucket-eu/raw")
@@ -193,7 +205,9 @@ train = train_moe_step(
     checkpoint_interval=5_000,
     checkpoint_minutes=30,
     eval_interval=5_000,
-    resources=Resources(tpu="v5p-2048", slices=2, cpus=8, preemption_retries=1_000),
+    mesh=MeshSpec(data=88, expert=8),
+    precision="bf16",
+    resources=Resources(gpus=4, hosts=176, accelerator="GB200", cpus=32, preemption_retries=1_000),
 )
 
 evaluation = evaluate_step(

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pipeline.cli.run import executor_main
+    from pipeline.core.tpu import tpu_slice
     from pipeline.errors import DrydockError, GraphError, StepDeclarationError, StorageError
     from pipeline.observe.upstream import step_state
     from pipeline.run import step_events
@@ -45,6 +46,7 @@ _PUBLIC = {
     "executor_main": "pipeline.cli.run",
     "run_experiment": "pipeline.run.experiment",
     "Gang": "pipeline.run.gang",
+    "tpu_slice": "pipeline.core.tpu",
     "current_gang": "pipeline.run.step_events",
     "step_state": "pipeline.observe.upstream",
     "OutputOf": "pipeline.step",
@@ -78,6 +80,7 @@ __all__ = [
     "step_function",
     "step_state",
     "this_output",
+    "tpu_slice",
     "versioned",
 ]
 

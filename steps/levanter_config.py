@@ -106,6 +106,7 @@ def levanter_train_config(
     import json
 
     import jax
+    import jmp
     from levanter.callbacks.watch import WatchConfig
     from levanter.distributed import DistributedConfig
     from levanter.main.train_lm import TrainLmConfig
@@ -172,6 +173,8 @@ def levanter_train_config(
             crash_on_inf=not guarded,
             log_jaxprs=False,
             log_xla_hlo=False,
+            **({"mesh": config.mesh.to_levanter()} if config.mesh is not None else {}),
+            mp=jmp.get_policy("p=f32,c=bfloat16" if config.precision == "bf16" else "f32"),
             # A gang joined its process group before anything else (steps.gang_sync.join_gang);
             # a later attempt in the same process (after a rewind) must not join again.
             distributed=DistributedConfig(initialize_jax_distributed=not jax.distributed.is_initialized()),

@@ -56,10 +56,12 @@ from pipeline import (
     versioned,
 )
 from steps.checkpoints import latest_checkpoint
+from steps.estimates import Hardware, hardware_of, layout_problems, layout_summary
 from steps.files import exists, local_path, read_text
 from steps.gang_sync import barrier, exchange, join_gang
 from steps.imports import LEVANTER, import_ml
 from steps.levanter_config import hub_offline, levanter_train_config
+from steps.mesh import MeshSpec
 from steps.moe import MoeModelConfig, parameter_counts
 from steps.spikes import (
     REWINDS_FILE,
@@ -74,7 +76,15 @@ from steps.spikes import (
     skipped_ranges,
 )
 
-__all__ = ["OptimizerSpec", "SpikePolicy", "Stability", "TrainMoeConfig", "train_moe", "train_moe_step"]
+__all__ = [
+    "MeshSpec",
+    "OptimizerSpec",
+    "SpikePolicy",
+    "Stability",
+    "TrainMoeConfig",
+    "train_moe",
+    "train_moe_step",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +148,16 @@ class TrainMoeConfig:
     model's config there; offline it derives the config from the model type instead (same weights)."""
     wandb_project: str | None = None
     """Also log to Weights & Biases (needs W&B configured on the machine)."""
+    mesh: MeshSpec | None = None
+    """How the training's devices are laid out (data/FSDP, replica, tensor, expert axes;
+    `steps.mesh`). None: Levanter's default, every device on the data axis. Not versioned: a
+    layout changes where numbers are computed, not which."""
+    precision: str = "f32"
+    """"f32": compute in float32 (Levanter's default); "bf16": float32 weights, bfloat16 compute,
+    what accelerators are built for. Versioned unless f32 (it changes the numbers)."""
+    hardware: Hardware | None = None
+    """What the step's Resources ask for (accelerator, devices) and the MFU assumed, for the
+    plan's memory and time estimates (`steps.estimates`); not versioned."""
     metrics_upload_seconds: float = 30.0
     """For an output on object storage: upload the new metrics lines this often. A crash loses at most the
     lines of this many seconds; they are of steps after the last checkpoint (the lines up to a
@@ -158,6 +178,9 @@ def train_moe_step(
     spike_policy: SpikePolicy | None = None,
     stability: Stability | None = None,
     resources: Resources | None = None,
+    mesh: MeshSpec | None = None,
+    precision: str = "f32",
+    mfu: float = 0.4,
     **options: Any,
 ) -> Step:
     """A ready train_moe `Step`: model, optimizer, data, batch, length, steps and seed are versioned,
@@ -169,11 +192,29 @@ def train_moe_step(
     or non-finite learning rate, a warm-up longer than the run, sizes that do not match the
     mixture, a run longer than the mixture was sized for, a model Levanter cannot build) are a
     `StepDeclarationError` naming the field, before anything runs.
+
+    `resources` say where it runs (`Resources(gpus=8, hosts=16, accelerator="H100")` for a gang
+    of 16 hosts); `mesh` how the devices are laid out (`steps.mesh.MeshSpec`, checked against the
+    devices, the batch and the experts), `precision` "bf16" to compute in bfloat16, `mfu` the
+    utilization the plan's time estimate assumes. With the vocabulary known (`vocab_size`) and an
+    accelerator named, a layout whose estimated memory does not fit a device is refused.
     """
     optimizer = optimizer or OptimizerSpec()
     policy, stability = spike_policy or SpikePolicy(), stability or Stability()
+    resources = resources or Resources(cpus=1)
     check_declaration(name, data, model, optimizer, batch_size, seq_len, num_steps, options)
     check_guards(name, optimizer, policy, stability)
+    if precision not in ("f32", "bf16"):
+        raise StepDeclarationError(name, f"{precision!r} is not 'f32' or 'bf16'", field="precision")
+    if not (isinstance(mfu, int | float) and 0 < mfu <= 1):
+        raise StepDeclarationError(name, f"must be a fraction in (0, 1], got {mfu!r}", field="mfu")
+    if mesh is not None and not isinstance(mesh, MeshSpec):
+        raise StepDeclarationError(name, f"must be a MeshSpec, got {type(mesh).__name__}", field="mesh")
+    hardware = hardware_of(resources, mfu)
+    for field_name, message in layout_problems(
+        model, mesh or MeshSpec(), hardware, batch_size, seq_len, vocab_size, precision
+    ):
+        raise StepDeclarationError(name, message, field=field_name)
     return Step(
         name=name,
         fn=train_moe,
@@ -189,10 +230,13 @@ def train_moe_step(
             vocab_size=vocab_size,
             spike_policy=versioned(policy) if policy.changes_training else policy,
             stability=versioned(stability) if stability != Stability() else stability,
+            mesh=mesh,
+            precision=versioned(precision) if precision != "f32" else precision,
+            hardware=hardware,
             **options,
         ),
         description=f"train {model.family} {name}",
-        resources=resources or Resources(cpus=1),
+        resources=resources,
     )
 
 
@@ -305,8 +349,25 @@ def summarize(config: TrainMoeConfig, vocab_size: int | None) -> dict[str, Any]:
 
 
 def preview(config: TrainMoeConfig) -> dict[str, Any]:
-    """Shown by `drydock plan`: parameters (if the vocabulary is known), tokens, steps."""
-    return summarize(config, config.vocab_size or _tokenizer_size_if_known(config.data))
+    """Shown by `drydock plan`: parameters (if the vocabulary is known), tokens, steps; for a
+    declared layout or accelerator, the mesh, the memory per device and the time to train."""
+    vocab = config.vocab_size or _tokenizer_size_if_known(config.data)
+    out = summarize(config, vocab)
+    hardware = config.hardware or Hardware()
+    if config.mesh is not None or hardware.spec is not None:
+        out.update(
+            layout_summary(
+                config.model,
+                config.mesh or MeshSpec(),
+                hardware,
+                config.batch_size,
+                config.seq_len,
+                vocab,
+                config.precision,
+                out["train_tokens"],
+            )
+        )
+    return out
 
 
 def report(config: TrainMoeConfig) -> dict[str, Any] | None:
@@ -391,8 +452,8 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
     from steps.mixture import load_data_config
     from steps.moe import to_levanter
     from steps.training_hooks import (
+        fix_eval_tag_arrays,
         fix_mixtral_jit_log,
-        fix_multihost_eval_tags,
         fresh_tensorstore_cache,
         read_events,
         write_file,
@@ -408,8 +469,7 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
     model = to_levanter(config.model, config.seq_len, data.tokenizer)
     if config.model.family == "mixtral":
         fix_mixtral_jit_log()
-    if gang.distributed:
-        fix_multihost_eval_tags()
+    fix_eval_tag_arrays()
     if gang.leader:
         write_file(
             os.path.join(out, "levanter_model.json"),

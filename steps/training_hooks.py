@@ -60,8 +60,8 @@ __all__ = [
     "begin_metrics",
     "checkpoint_saved",
     "decide_together",
+    "fix_eval_tag_arrays",
     "fix_mixtral_jit_log",
-    "fix_multihost_eval_tags",
     "fresh_tensorstore_cache",
     "jit_log_breaks_grad",
     "local_path",
@@ -506,16 +506,16 @@ def _host_tag_arrays(self: Any) -> list[Any]:
     return arrays
 
 
-def fix_multihost_eval_tags() -> bool:
-    """Make Levanter's evaluation work in a training that spans processes; whether it was needed.
+def fix_eval_tag_arrays() -> bool:
+    """Make Levanter's evaluation work on more than one device; whether it was needed.
 
     Levanter's `DomainTaggedDataset` makes each validation set's tag array with `jnp.asarray`
-    while the trainer's mesh is current: with several processes that is a global array on every
-    process's devices, and the data loader, which stacks a batch on this process's devices,
-    fails ("Received incompatible devices for jitted computation ... device ids [0, 2048]").
-    Host arrays are what the loader expects. Applied only in a multi-process run.
+    while the trainer's mesh is current: with several devices (one process's, or a gang's) that
+    is an array on all of them, and the data loader, which stacks a batch on one device before
+    placing it, fails ("Received incompatible devices for jitted computation ... device ids [0,
+    2048]"). Host arrays are what the loader expects. Applied only with more than one device.
     """
-    if jax.process_count() == 1:
+    if jax.device_count() == 1:
         return False
     from levanter.eval import DomainTaggedDataset
 

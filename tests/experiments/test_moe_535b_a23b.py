@@ -45,6 +45,14 @@ def test_the_plan_lists_every_step_with_parameters_tokens_and_steps(tmp_path):
     assert abs(train["active_params"] / 22.76e9 - 1) < 0.01
     assert train["num_train_steps"] == 390_251
     assert train["train_tokens"] == 390_251 * 11_264 * 4_096 >= 18 * 10**12
+    # The published hardware as one gang, its layout, and what the plan says it needs (offline).
+    import experiments.moe_535b_a23b as recipe_file
+
+    assert recipe_file.train.resources.hosts == 176 and recipe_file.train.resources.gpus == 4
+    assert recipe_file.train.resources.accelerator == "GB200"
+    assert train["mesh"] == "data 88 x expert 8 (704 GB200)"
+    assert train["memory per device"].startswith("120.9 GiB of 173.2 GiB (70%)")
+    assert train["time"] == "40 days at 40% MFU"
     preview = steps["mixture/535b-a23b"]["preview"]
     assert "3 phase(s)" in preview and "from step 108,000:" in preview and "from step 312,192:" in preview
     # The standard base-model tasks, declared by registry name and shots, their data elsewhere.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,7 @@ from tests.pipeline.stepfns import WriteConfig, write_value
 SETTINGS = FollowSettings(poll_seconds=1.0, patience_seconds=30.0, failed_grace_seconds=5.0)
 
 
-def tiny_training(num_steps: int = 40) -> Step:
+def tiny_training(num_steps: int = 40, **options: Any) -> Step:
     data = Step("mixture/x", write_value, WriteConfig(this_output()))
     return train_moe_step(
         "train/x",
@@ -30,6 +31,7 @@ def tiny_training(num_steps: int = 40) -> Step:
         seq_len=64,
         num_steps=num_steps,
         checkpoint_interval=10,
+        **options,
     )
 
 
