@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 EXPERIMENT ?= experiments/tiny_moe.py
 PYTEST_ARGS ?=
 
-.PHONY: run test test-fast lint bench lock clean
+.PHONY: run test test-fast lint bench lock lock-accelerators install-cuda install-tpu clean
 
 $(STAMP): requirements.lock pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; set PYTHON=/path/to/python3.11" >&2; exit 2; }
@@ -32,10 +32,24 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine.py
 
+# Accelerators: the CPU environment plus JAX's runtime for the hardware, at the same jax version
+# (an overlay: requirements-cuda.lock / requirements-tpu.lock pin only what they add).
+install-cuda: $(STAMP)
+	$(BIN)/pip install --quiet --disable-pip-version-check --require-hashes --no-deps -r requirements-cuda.lock
+
+install-tpu: $(STAMP)
+	$(BIN)/pip install --quiet --disable-pip-version-check --require-hashes --no-deps -r requirements-tpu.lock
+
 # Re-resolve requirements.in into requirements.lock (needs network access to PyPI).
 lock: $(STAMP)
 	$(BIN)/pip install --quiet uv
 	$(BIN)/uv pip compile requirements.in -o requirements.lock --generate-hashes --python-version 3.11 --no-header
+
+# Re-resolve the accelerator overlays against requirements.lock (run after `make lock`).
+lock-accelerators: $(STAMP)
+	$(BIN)/pip install --quiet uv
+	$(BIN)/uv pip compile requirements-cuda.in -o requirements-cuda.lock --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_28 --no-header
+	$(BIN)/uv pip compile requirements-tpu.in -o requirements-tpu.lock --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_31 --no-header
 
 clean:
 	rm -rf $(VENV) drydock-runs .pytest_cache .ruff_cache .hypothesis
