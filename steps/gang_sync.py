@@ -18,6 +18,7 @@ In a gang of one these cost nothing and return at once.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -25,9 +26,6 @@ import numpy as np
 from pipeline import Gang
 
 __all__ = ["agree_any", "barrier", "exchange", "join_gang"]
-
-JOIN_TIMEOUT_SECONDS = 600
-"""How long a process waits for all of its gang to join the JAX process group."""
 
 
 def join_gang(gang: Gang) -> None:
@@ -47,19 +45,30 @@ def join_gang(gang: Gang) -> None:
         return
     if gang.platform == "cpu":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(
-        gang.coordinator,
-        gang.size,
-        gang.index,
-        list(gang.local_device_ids) if gang.local_device_ids is not None else None,
-        initialization_timeout=JOIN_TIMEOUT_SECONDS,
-    )
+    DistributedConfig(
+        coordinator_address=gang.coordinator,
+        num_processes=gang.size,
+        process_id=gang.index,
+        local_device_ids=_local_devices(gang),
+    ).initialize()
     # In the attempt's log of each host: which process this is, and with whom.
     print(
         f"train: process {gang.index} of {gang.size} joined the gang (coordinator {gang.coordinator}, "
         f"{jax.device_count()} devices in all)",
         flush=True,
     )
+
+
+def _local_devices(gang: Gang) -> list[int] | None:
+    """The devices this process drives, numbered as it sees them: every GPU Ray made visible to
+    it (given explicitly, so that Levanter's Slurm discovery, when a Ray cluster runs inside a
+    Slurm job, never picks GPUs by the job's numbering instead)."""
+    if gang.local_device_ids is not None:
+        return list(gang.local_device_ids)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if gang.platform == "gpu" and visible:
+        return list(range(len([v for v in visible.split(",") if v.strip()])))
+    return None
 
 
 def _size() -> int:

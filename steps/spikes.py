@@ -333,6 +333,9 @@ def _checked_rewind(record: Any, i: int) -> Rewind:
     where = f"rewinds[{i}]"
     if not isinstance(record, dict):
         raise TypeError(f"{where} is not an object")
+    for name in ("number", "trigger_step", "first_step", "restored_step", "skipped", "reason"):
+        if name not in record:
+            raise ValueError(f"{where} has no `{name}`")
     for name in ("number", "trigger_step", "first_step"):
         if not _whole(record.get(name)):
             raise ValueError(f"{where}.{name} is {record.get(name)!r}, not a step number")

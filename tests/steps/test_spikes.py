@@ -181,7 +181,7 @@ def test_bad_policies_name_their_field(policy, field):
     ("text", "expect"),
     [
         ("not json", "is damaged: Expecting value"),
-        ('{"rewinds": [{"number": 1}]}', "rewinds[0].trigger_step is None, not a step number"),
+        ('{"rewinds": [{"number": 1}]}', "rewinds[0] has no `trigger_step`"),
         ('{"nothing": []}', "is damaged: no 'rewinds'"),
         (
             '{"rewinds": [{"number": 1, "trigger_step": 5, "first_step": 4, "restored_step": null, '

@@ -56,6 +56,11 @@ def probe(config: ProbeConfig) -> None:
     gang = current_gang()
     print(config.message, flush=True)
     if config.fail_index is not None and gang.index == config.fail_index:
+        # Once the other process is running (it writes its pid first): the gang then has a
+        # process to stop.
+        deadline = time.time() + 60
+        while config.pid_file and not os.path.exists(config.pid_file) and time.time() < deadline:
+            time.sleep(0.05)
         raise RuntimeError(f"process {gang.index} of the gang fails on purpose")
     if config.fail_first and not os.path.exists(config.fail_first):
         open(config.fail_first, "w").close()
