@@ -139,10 +139,11 @@ def retained_steps(
     return {s for s in [*steps, final_step] if retained(s, newest, final_step, keep_every)}
 
 
-def delete_checkpoints(root: str, *, after: int | None, set_aside: str | None = None) -> list[int]:
-    """Delete every checkpoint under `root` of a step after `after` (None: all of them), complete
-    or not, newest first, so that an interruption leaves the latest survivor an older one.
-    Returns the steps deleted.
+def delete_checkpoints(root: str, *, after: int, set_aside: str | None = None) -> list[int]:
+    """Delete every checkpoint under `root` of a step after `after`, complete or not, newest
+    first, so that an interruption leaves the latest survivor an older one. Returns the steps
+    deleted. There is no "all of them": a rewind that would go back past every checkpoint has
+    nowhere to go, and fails instead (`steps.train_moe`).
 
     With `set_aside` (a local directory), local checkpoints are moved there instead of deleted,
     and kept until the caller is done (train_moe: until training ends), as evidence of what a
@@ -157,7 +158,7 @@ def delete_checkpoints(root: str, *, after: int | None, set_aside: str | None = 
     steps = {}
     for entry in entries:
         name = entry.rstrip("/").rsplit("/", 1)[-1]
-        if name.startswith("step-") and name[5:].isdigit() and (after is None or int(name[5:]) > after):
+        if name.startswith("step-") and name[5:].isdigit() and int(name[5:]) > after:
             steps[int(name[5:])] = entry
     local = set_aside is not None and local_path(root) is not None
     if local:

@@ -204,6 +204,13 @@ def train_moe_step(
     resources = resources or Resources(cpus=1)
     check_declaration(name, data, model, optimizer, batch_size, seq_len, num_steps, options)
     check_guards(name, optimizer, policy, stability)
+    if policy.action == "rewind" and options.get("keep_checkpoints") == 1:
+        raise StepDeclarationError(
+            name,
+            "keeps 1 checkpoint, but spike_policy rewind needs at least 2: with one, a spike right "
+            "after it leaves nothing from before the spike to go back to",
+            field="keep_checkpoints",
+        )
     if precision not in ("f32", "bf16"):
         raise StepDeclarationError(name, f"{precision!r} is not 'f32' or 'bf16'", field="precision")
     if not (isinstance(mfu, int | float) and 0 < mfu <= 1):
@@ -492,8 +499,19 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
             # Every process got here at the same step (the tracker's decision is shared), with
             # the same list of rewinds: all of them give up together when no rewind is left.
             _check_rewinds_left(config, e, rewinds)
+            # Where to go back to: the leader looks, every process learns it.
+            restored, nowhere = (
+                int(v) for v in exchange(_restore_point(checkpoints, e) if gang.leader else [0, 0])[0]
+            )
+            if nowhere:
+                raise TrainingDiverged(
+                    f"{e.reason} at step {e.trigger_step}: no checkpoint from before step {e.first_step} to "
+                    f"rewind to (a checkpoint of step N is good only if step N + 1 did not spike; the "
+                    f"earliest kept is step {nowhere - 1}); nothing deleted. Resume from a checkpoint by "
+                    "hand, or keep more (checkpoint_interval, keep_checkpoints)"
+                ) from e
             if gang.leader:
-                rewind = _rewind(config, e, rewinds, checkpoints)
+                rewind = _rewind(config, e, rewinds, checkpoints, None if restored < 0 else restored)
                 payload = {"rewinds": [r.to_json() for r in [*rewinds, rewind]]}
                 write_file(rewinds_path, json.dumps(payload, indent=1).encode())
                 step_events.warn(rewind.describe(), {"rewind": rewind.number, "step": rewind.trigger_step})
@@ -609,26 +627,46 @@ def _check_rewinds_left(config: TrainMoeConfig, needed: RewindNeeded, rewinds: l
         )
 
 
-def _rewind(config: TrainMoeConfig, needed: RewindNeeded, rewinds: list[Rewind], checkpoints: str) -> Rewind:
-    """Decide a rewind and delete the checkpoints it goes back past (the leader of a gang, after
-    `_check_rewinds_left`)."""
-    from steps.checkpoints import complete_checkpoints, delete_checkpoints
+def _restore_point(checkpoints: str, needed: RewindNeeded) -> list[int]:
+    """[the checkpoint a rewind for `needed` restores (-1: none, start again from step 0), and,
+    when there is nowhere to go, 1 + the earliest checkpoint kept (0 otherwise)].
+
+    A checkpoint of step N holds the state after step N's update, whose loss is the one logged
+    at step N + 1: a state is known good only if step N + 1 did not spike (a bad update shows in
+    the next step's loss). With checkpoints but none from before the spike, there is nowhere to
+    go: starting again from step 0 would delete every one of them (and months of training)."""
+    from steps.checkpoints import complete_checkpoints
+
+    found = complete_checkpoints(checkpoints)
+    before = [step for step in found if step + 1 < needed.first_step]
+    if before:
+        return [max(before), 0]
+    return [-1, min(found) + 1 if found else 0]
+
+
+def _rewind(
+    config: TrainMoeConfig,
+    needed: RewindNeeded,
+    rewinds: list[Rewind],
+    checkpoints: str,
+    restored: int | None,
+) -> Rewind:
+    """Record a rewind to `restored` (`_restore_point`; None: the start, when there is no
+    checkpoint at all) and set aside the checkpoints it goes back past (the leader of a gang,
+    after `_check_rewinds_left`)."""
+    from steps.checkpoints import delete_checkpoints
 
     policy = config.spike_policy
     number = len(rewinds) + 1
     _check_rewinds_left(config, needed, rewinds)
     ranges = skipped_ranges(rewinds)
-    # A checkpoint of step N holds the state after step N's update, whose loss is the one logged at
-    # step N + 1: a state is known good only if step N + 1 did not spike (a bad update shows in
-    # the next step's loss). Restoring it retrains from step N + 1.
-    before = [step for step in complete_checkpoints(checkpoints) if step + 1 < needed.first_step]
-    restored = max(before) if before else None
-    # Set aside (local disk) until training ends: see delete_checkpoints.
-    delete_checkpoints(
-        checkpoints,
-        after=restored,
-        set_aside=os.path.join(os.path.dirname(checkpoints), REWOUND_DIR, f"rewind-{number}"),
-    )
+    if restored is not None:  # with no checkpoint at all, there is nothing to delete
+        # Set aside (local disk) until training ends: see delete_checkpoints.
+        delete_checkpoints(
+            checkpoints,
+            after=restored,
+            set_aside=os.path.join(os.path.dirname(checkpoints), REWOUND_DIR, f"rewind-{number}"),
+        )
     first_batch = data_batch(ranges, needed.first_step)
     last_batch = data_batch(ranges, needed.trigger_step) + policy.skip_batches
     # The lower rate applies from the first step trained again.

@@ -671,3 +671,31 @@ def test_the_scaling_fit_reads_its_evaluations_and_writes_its_files_by_url(url, 
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert f"fit:  {url}/fit/fit.json" in scaling_report(config)
     assert not (tmp_path / "local" / "fit").exists()
+
+
+def fake_checkpoints(root: str, steps: list[int]) -> None:
+    """Checkpoint directories as Levanter leaves them: data files, then metadata.json last."""
+    fs, plain = fsspec.core.url_to_fs(root)
+    for step in steps:
+        fs.pipe_file(f"{plain}/step-{step}/d/shard-0", b"x" * 100)
+        fs.pipe_file(f"{plain}/step-{step}/metadata.json", json.dumps({"step": step}).encode())
+
+
+def test_rewinds_and_retention_delete_exactly_their_checkpoints_on_object_storage(url):
+    # Issue 31, part 0: what a rewind and the retention policy delete, on the moto server.
+    from steps.checkpoints import complete_checkpoints, delete_checkpoints, prune_checkpoints
+
+    root = f"{url}/checkpoints"
+    fake_checkpoints(root, [10, 20, 30, 40, 50])
+    assert delete_checkpoints(root, after=30, set_aside="/unused-on-object-stores") == [40, 50]
+    fs, plain = fsspec.core.url_to_fs(root)
+    fs.invalidate_cache()
+    assert sorted(complete_checkpoints(root)) == [10, 20, 30]
+    assert not fs.exists(f"{plain}/step-40") and not fs.exists(f"{plain}/step-50/d/shard-0")
+    # Retention: the newest two interval checkpoints, every multiple of 20, and the final one.
+    fake_checkpoints(root, [40, 50, 55])
+    assert prune_checkpoints(root, interval=10, keep=2, keep_every=20, final_step=55) == [10, 30]
+    fs.invalidate_cache()
+    assert sorted(complete_checkpoints(root)) == [20, 40, 50, 55]
+    with pytest.raises(TypeError):
+        delete_checkpoints(root, after=None)  # type: ignore[arg-type]  # "all of them" is gone

@@ -67,7 +67,9 @@ def _absurd_for_a_few_steps(*args, **kwargs):
     scheduler = optimizer.lr_scheduler
     def lr_scheduler(num_train_steps, override_lr=None):
         schedule = scheduler(num_train_steps, override_lr=override_lr)
-        return lambda count: schedule(count) * jnp.where((count >= 40) & (count < 43), 1e30, 1.0)
+        def absurd(count):
+            return schedule(count) * jnp.where((count >= {start}) & (count < {start} + 3), 1e30, 1.0)
+        return absurd
     object.__setattr__(optimizer, "lr_scheduler", lr_scheduler)
     return optimizer
 levanter_config.levanter_optimizer = _absurd_for_a_few_steps
@@ -209,7 +211,9 @@ def test_skip_drops_the_update_of_the_first_corrupt_step(corrupt_runs):
 
 def test_a_nan_loss_rewinds_at_a_lower_learning_rate_and_training_recovers(tmp_path, corrupt_runs):
     policy = {"action": "rewind", "lr_factor": 0.5, "lr_steps": 20}
-    exp = write_experiment(tmp_path, "nan", corrupt=False, policy=policy, fault=ABSURD_LR.format(transient=1))
+    exp = write_experiment(
+        tmp_path, "nan", corrupt=False, policy=policy, fault=ABSURD_LR.format(transient=1, start=40)
+    )
     result = run(exp, tmp_path / "prefix")
     assert result.returncode == 0, result.stderr[-3000:]
     train = train_dir(tmp_path / "prefix")
@@ -245,7 +249,7 @@ def test_too_many_rewinds_fail_with_one_error_saying_each(tmp_path):
     # The fault comes back in every attempt, so every retry diverges again.
     policy = {"action": "rewind", "max_rewinds": 2}
     exp = write_experiment(
-        tmp_path, "diverges", corrupt=False, policy=policy, fault=ABSURD_LR.format(transient=99)
+        tmp_path, "diverges", corrupt=False, policy=policy, fault=ABSURD_LR.format(transient=99, start=40)
     )
     result = run(exp, tmp_path / "prefix")
     assert result.returncode != 0
@@ -296,3 +300,21 @@ def test_killed_after_a_rewind_the_resumed_run_honours_it(tmp_path):
     assert outcome["interventions"]["rewinds"] == 1  # the resumed run read the same batches: no new spike
     check_each_step_once(train)
     assert [e["event"] for e in read_events(str(train / "metrics.jsonl"))] == ["rewind"]
+
+
+def test_a_rewind_with_nowhere_to_go_fails_and_deletes_nothing(tmp_path):
+    # The update of step 10 overflows the weights: the loss of step 11 is NaN, and the checkpoint
+    # of step 10 (the only one) holds the bad state. Going back to step 0 would delete it.
+    policy = {"action": "rewind"}
+    fault = ABSURD_LR.format(transient=99, start=10)
+    exp = write_experiment(tmp_path, "nowhere", corrupt=False, policy=policy, fault=fault)
+    result = run(exp, tmp_path / "prefix")
+    assert result.returncode != 0
+    out = result.stdout + result.stderr
+    assert "TrainingDiverged: nan at step 11: no checkpoint from before step 11 to rewind to" in out, out[
+        -3000:
+    ]
+    assert "the earliest kept is step 10); nothing deleted" in out
+    train = train_dir(tmp_path / "prefix")
+    assert (train / "checkpoints" / "step-10" / "metadata.json").exists()
+    assert not (train / "rewinds.json").exists() and not (train / "rewound").exists()
