@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from pipeline.run.options import ExecutorMainConfig
     from pipeline.run.step_events import current_gang
     from pipeline.step import (
+        HangPolicy,
         OutputOf,
         Resources,
         Step,
@@ -49,6 +50,7 @@ _PUBLIC = {
     "tpu_slice": "pipeline.core.tpu",
     "current_gang": "pipeline.run.step_events",
     "step_state": "pipeline.observe.upstream",
+    "HangPolicy": "pipeline.step",
     "OutputOf": "pipeline.step",
     "Resources": "pipeline.step",
     "Step": "pipeline.step",
@@ -66,6 +68,7 @@ __all__ = [
     "ExecutorMainConfig",
     "Gang",
     "GraphError",
+    "HangPolicy",
     "OutputOf",
     "Resources",
     "Step",

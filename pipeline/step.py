@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 __all__ = [
+    "HangPolicy",
     "OutputOf",
     "Resources",
     "Step",
@@ -124,6 +125,9 @@ class Resources:
     """How often the step is retried after losing its machine (node died, slice preempted)."""
     failure_retries: int = 0
     """How often the step is retried after its function raised."""
+    hang_timeout: float | None = None
+    """Seconds without a progress report after which this step's attempt counts as hung (its
+    step function must declare a watchdog); None: derived from the pace the step keeps."""
     crash_limit: int = 3
     """A crash of the step's process (a segfault, an out-of-memory kill) counts as a preemption,
     but the same crash this many times in a row counts as a failure: a deterministic crash must
@@ -170,6 +174,36 @@ class Step:
 
 
 @dataclass(frozen=True)
+class HangPolicy:
+    """How long a step that reports progress may go without reporting before it counts as hung
+    (`step_function(fn, watchdog=HangPolicy())`; the runner's watchdog, `pipeline.run.watchdog`).
+
+    After the first report, the bound is `factor` times the median time per unit of progress
+    seen so far (a training: per step), never less than `floor`; before it, `startup` (loading,
+    compiling). `Resources(hang_timeout=...)` sets one step's bound outright."""
+
+    factor: float = 10.0
+    floor: float = 120.0
+    """Seconds: the least a bound ever is (a pause for a checkpoint or an evaluation is not a hang)."""
+    startup: float = 1800.0
+    """Seconds before the first progress report."""
+
+    def bound(
+        self, per_unit: float | None, fixed: float | None = None, *, reported: bool | None = None
+    ) -> float:
+        """The seconds without progress that count as hung, given the median seconds per unit of
+        progress (None: not known yet), whether any progress was reported yet (default: whether
+        the pace is known), and a step's own bound (`Resources.hang_timeout`)."""
+        if not (per_unit is not None if reported is None else reported):
+            return max(self.startup, fixed or 0.0)
+        if fixed is not None:
+            return fixed
+        if per_unit is None:
+            return self.startup
+        return max(self.floor, self.factor * per_unit)
+
+
+@dataclass(frozen=True)
 class StepHooks:
     """What a step function declares about itself besides its code (see `step_function`)."""
 
@@ -198,6 +232,10 @@ class StepHooks:
     which anyone may have edited). It sees the config with versioned values unwrapped and paths
     still placeholders. Raises `ValueError("field: what is wrong")`; the engine calls it before
     anything runs and turns it into one error naming the step and field."""
+    watchdog: HangPolicy | None = None
+    """The pace the step function keeps: with a policy, the runner's watchdog watches its
+    progress reports and, when they stop for longer than the policy's bound, saves every process's
+    stacks, records a HUNG warning and retries the attempt (`pipeline.run.watchdog`)."""
 
 
 NO_HOOKS = StepHooks()
@@ -216,6 +254,7 @@ def step_function(
     fresh_process: bool = False,
     inputs: Callable[[Any], Any] | None = None,
     check: Callable[[Any], Any] | None = None,
+    watchdog: HangPolicy | None = None,
 ) -> Any:
     """Declare a step function and its hooks; usable bare (`@step_function`) or with arguments.
 
@@ -225,7 +264,7 @@ def step_function(
     The function itself is returned unchanged (it stays importable under its own name); the hooks
     are read with `hooks_of`.
     """
-    hooks = StepHooks(preview, report, metrics, fresh_process, inputs, check)
+    hooks = StepHooks(preview, report, metrics, fresh_process, inputs, check, watchdog)
 
     def declare(function: F) -> F:
         setattr(function, _HOOKS_ATTRIBUTE, hooks)

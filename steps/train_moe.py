@@ -45,6 +45,7 @@ from typing import Any, Literal, NoReturn
 import fsspec
 
 from pipeline import (
+    HangPolicy,
     Resources,
     Step,
     StepDeclarationError,
@@ -732,4 +733,11 @@ def _upload_logs(local: str, remote: str) -> None:
 
 # Levanter's trainer leaves global state (tracker, log handlers) in its process: on Ray, each
 # training gets its own worker process.
-step_function(train_moe, preview=preview, report=report, metrics=metrics, fresh_process=True)
+# A training keeps a steady pace, one step after another: the runner's watchdog stops an attempt
+# whose steps stop for 10x the median step time (at least 10 minutes: checkpoints and evaluations
+# pause it; an hour before the first step, which compiles), and retries it from its checkpoint.
+TRAINING_PACE = HangPolicy(factor=10.0, floor=600.0, startup=3600.0)
+
+step_function(
+    train_moe, preview=preview, report=report, metrics=metrics, fresh_process=True, watchdog=TRAINING_PACE
+)

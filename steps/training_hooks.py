@@ -402,13 +402,20 @@ class GangTracker(Tracker):
 
     def __init__(self) -> None:
         self._guard = step_events.lease_guard()
+        self._context = step_events.current()
 
     def log_hyperparameters(self, hparams: Mapping[str, Any]) -> None:
         pass
 
     def log(self, metrics: Mapping[str, Any], *, step: int | None, commit: bool | None = None) -> None:
-        if step is not None and "train/loss" in _flatten(metrics):
+        flat = _flatten(metrics)
+        if step is not None and "train/loss" in flat:
             decide_together(int(step), None, self._guard)
+            # Kept by this process only (the leader writes `.progress`): its pulse says how far
+            # this host got, which the watchdog and the run page compare across hosts.
+            fraction = flat.get("run_progress")
+            total = round(int(step) / fraction) if isinstance(fraction, float) and fraction > 0 else None
+            step_events.progress(int(step) + 1, total, "steps", context=self._context)
 
     def log_summary(self, metrics: Mapping[str, Any]) -> None:
         pass

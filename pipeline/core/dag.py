@@ -202,6 +202,13 @@ def _validate_gang(name: str, resources: Resources) -> None:
             raise StepDeclarationError(
                 name, f"must be a whole number >= 1, got {value!r}", field=f"resources.{field_name}"
             )
+    timeout = resources.hang_timeout
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
+    ):
+        raise StepDeclarationError(
+            name, f"must be a number of seconds > 0, got {timeout!r}", field="resources.hang_timeout"
+        )
     if resources.hosts > 1 and resources.tpu:
         raise StepDeclarationError(
             name,

@@ -45,6 +45,7 @@ from pipeline.run.heartbeat import Heartbeat
 from pipeline.run.hooks import call_hook, step_summary
 from pipeline.run.provenance import drift_digest_of, input_listing, step_info
 from pipeline.run.reporter import Reporter
+from pipeline.run.watchdog import Hang, Watchdog
 from pipeline.step import hooks_of
 from pipeline.storage.step_store import AlreadyDone, Held, StepStore
 
@@ -152,6 +153,8 @@ class _Execution:
         self.heartbeat = Heartbeat(
             store, owner, options.lease_timeout, options.heartbeat_interval, self._on_lost, clock
         )
+        self.watchdog = Watchdog(store, self._on_hang, clock=clock)
+        self.hung: dict[str, Hang] = {}
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -179,6 +182,7 @@ class _Execution:
             self._cancel_everything()
         finally:
             self.heartbeat.stop()
+            self.watchdog.stop()
             pool.shutdown(wait=not interrupted)
         for label in self.state.cancelled:
             self.outcomes[label].state = State.CANCELLED
@@ -357,6 +361,9 @@ class _Execution:
             if label in self.lost or isinstance(e, LeaseExpired):
                 why = "lease expired; writes refused" if label not in self.lost else "lease lost"
                 return _Event(label, Ending.LOST, f"{why}; step stopped, result discarded", started=started)
+            hang = self.hung.pop(label, None)
+            if hang is not None:  # the watchdog stopped it: an infrastructure failure, retried
+                e = StepPreempted(f"hung: {hang.message.removeprefix('HUNG: ')}", crash=True)
             kind, status, message, tb = _classify(e)
             loop = self._crash_loop(label, step_dir, token, e) if kind is Ending.PREEMPTED else None
             if loop is not None:
@@ -413,12 +420,10 @@ class _Execution:
         info.update(run_id=self.owner.run_id, attempt=attempt, token=token, started=started)
         return config, self.store.write_step_json(node.output_path, info), inputs
 
-    def _run_and_commit(self, label: str, attempt: int, token: int, started: float) -> _Event:
-        """Run the step function through the backend, check it wrote output, commit SUCCESS."""
+    def _run_task(self, label: str, attempt: int, token: int, config: Any) -> None:
+        """Hand the attempt to the backend and wait for it."""
         node = self.dag.nodes[label]
         step_dir = node.output_path
-        config, step_json, inputs = self._write_step_json(label, attempt, token, started)
-        self.report(label, "RUNNING", f"attempt {attempt}" if attempt > 1 else "")
         self.backend.run(
             StepTask(
                 label,
@@ -434,6 +439,35 @@ class _Execution:
                 lease_poll=_lease_poll(self.options),
             )
         )
+
+    def _on_hang(self, label: str, hang: Hang) -> None:
+        """The watchdog found the attempt of `label` hung: say so in `.status`, then stop it (the
+        attempt then ends as a preemption, `_try`)."""
+        held = {entry[0]: (step_dir, entry[1]) for step_dir, entry in self.heartbeat.held().items()}
+        if label not in held:
+            return  # it ended meanwhile
+        step_dir, token = held[label]
+        self.hung[label] = hang
+        try:
+            self.store.note(step_dir, self.owner.run_id, token, Event.WARNING, hang.message, hang.data)
+        except Exception as e:  # the note is evidence; stopping the attempt matters more
+            logger.warning("could not record the hang of %s: %s", label, e)
+        self.report(label, "HUNG", hang.message)
+        self.backend.cancel(label)
+
+    def _run_and_commit(self, label: str, attempt: int, token: int, started: float) -> _Event:
+        """Run the step function through the backend, check it wrote output, commit SUCCESS."""
+        node = self.dag.nodes[label]
+        step_dir = node.output_path
+        config, step_json, inputs = self._write_step_json(label, attempt, token, started)
+        self.report(label, "RUNNING", f"attempt {attempt}" if attempt > 1 else "")
+        pace = hooks_of(node.step.fn).watchdog
+        if pace is not None:
+            self.watchdog.watch(label, step_dir, token, pace, node.step.resources.hang_timeout)
+        try:
+            self._run_task(label, attempt, token, config)
+        finally:
+            self.watchdog.forget(label)
         if label in self.lost:
             raise StepCancelled(label)
         if not self.store.has_payload(step_dir):

@@ -44,6 +44,7 @@ __all__ = [
     "current_gang",
     "lease_guard",
     "lease_lost",
+    "local_progress",
     "progress",
     "warn",
 ]
@@ -154,6 +155,15 @@ PROGRESS_INTERVAL = 2.0
 # Per output directory: (time of the last write, last 10% mark logged). Reports arrive from the
 # step's threads and from callback threads (Levanter's trackers), hence the lock.
 _progress_state: dict[str, tuple[float, int]] = {}
+_LOCAL: dict[str, tuple[float, float | None, str, float]] = {}
+
+
+def local_progress(output_path: str) -> tuple[float, float | None, str, float] | None:
+    """(done, total, unit, time) of this process's last progress report for the step writing to
+    `output_path` (every process of a gang reports, though only the leader's are written)."""
+    return _LOCAL.get(output_path)
+
+
 _progress_lock = threading.Lock()
 
 
@@ -192,6 +202,8 @@ def _progress(
     context = context or current()
     key = context.output_path if context is not None else ""
     now = clock()
+    # Every process's own last report, written or not: what its pulse says (pipeline.run.pulse).
+    _LOCAL[key] = (done, total, unit, now)
     percent = int(100 * done / total) if total else None
     with _progress_lock:
         last_write, last_mark = _progress_state.get(key, (float("-inf"), -1))

@@ -34,7 +34,9 @@ from typing import Any
 from pipeline.core.lease import LeaseRecord, host_id, pid_alive
 from pipeline.run import step_events
 from pipeline.run.fence import Fence, LeaseExpired, fenced_process, fenced_thread, watch_lease
+from pipeline.run.pulse import pulse
 from pipeline.run.step_events import StepContext
+from pipeline.step import hooks_of
 
 __all__ = ["Placement", "QuietConsole", "call_step", "lease_fence"]
 
@@ -77,7 +79,10 @@ def call_step(
         fenced(fence) if fence is not None else contextlib.nullcontext(),
     ):
         try:
-            fn(config)
+            # A step that keeps a pace (`step_function(..., watchdog=...)`) says how it is doing
+            # every few seconds, and saves its stacks when the runner's watchdog asks.
+            with pulse(context) if hooks_of(fn).watchdog is not None else contextlib.nullcontext():
+                fn(config)
         except SystemExit as e:
             if placement is Placement.THREAD:
                 raise  # the executor records it as the step's failure

@@ -34,12 +34,15 @@ __all__ = [
     "STEP_DIR_MARKERS",
     "STEP_JSON",
     "TMP_PREFIX",
+    "dump_request_name",
     "is_label",
     "is_payload",
     "join_path",
     "log_name",
     "manifest_name",
+    "pulse_name",
     "split_label",
+    "stacks_name",
     "step_dir",
 ]
 
@@ -90,6 +93,25 @@ def log_name(token: int, slice_id: int | None = None, host: int | None = None) -
     if slice_id is not None:
         return f"attempt-{token}-slice-{slice_id}-host-{host}.log"
     return f"attempt-{token}-host-{host}.log" if host is not None else f"attempt-{token}.log"
+
+
+def _host(host: int | None) -> str:
+    return "" if host is None else f"-host-{host}"
+
+
+def pulse_name(token: int, host: int | None = None) -> str:
+    """What a running attempt's process says of itself every few seconds (`pipeline.run.pulse`)."""
+    return f"attempt-{token}{_host(host)}.pulse"
+
+
+def stacks_name(token: int, host: int | None = None) -> str:
+    """The Python stacks a hung attempt's process saved (a log, so the dashboard shows it)."""
+    return f"attempt-{token}{_host(host)}-stacks.log"
+
+
+def dump_request_name(token: int) -> str:
+    """The watchdog's request to an attempt's processes: save your stacks."""
+    return f"attempt-{token}.dump"
 
 
 def log_token(name: str) -> int | None:

@@ -4,6 +4,8 @@ so Ray workers import it)."""
 from __future__ import annotations
 
 import copy
+import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +13,7 @@ from typing import Any
 from levanter.data.dataset import AsyncDataset
 
 from pipeline import current_gang, step_function
-from steps.train_moe import TrainMoeConfig, train_moe
+from steps.train_moe import TRAINING_PACE, TrainMoeConfig, train_moe
 
 
 class _Poisoned(AsyncDataset):
@@ -71,4 +73,40 @@ def poisoned_train(config: PoisonedTrainConfig) -> dict[str, Any]:
             return data
 
         mixture.load_data_config = poisoned_load  # type: ignore[assignment]
+    return train_moe(config.train)
+
+
+@dataclass(frozen=True)
+class HangingTrainConfig:
+    train: TrainMoeConfig
+    process: int
+    """The process of the gang that stops taking part."""
+    step: int
+    """At this step's loss, that process never enters the gang's collective."""
+    marker: str
+    """Made when it hangs: it hangs once (the retry goes through)."""
+
+
+def _stuck() -> None:
+    """Where the hung process waits (short sleeps: a cancellation kills it anyway)."""
+    while True:
+        time.sleep(0.05)
+
+
+@step_function(fresh_process=True, watchdog=TRAINING_PACE)
+def hanging_train(config: HangingTrainConfig) -> dict[str, Any]:
+    """`train_moe`, in which one process of the gang, once, stops at a step's loss instead of
+    entering the collective the others wait in: the hang a real pod shows when one host is stuck."""
+    if current_gang().index == config.process and not os.path.exists(config.marker):
+        import steps.training_hooks as hooks
+
+        decide = hooks.decide_together
+
+        def decide_or_hang(step: int, rewind: Any, guard: Any) -> None:
+            if step == config.step:
+                open(config.marker, "w").close()
+                _stuck()
+            decide(step, rewind, guard)
+
+        hooks.decide_together = decide_or_hang  # type: ignore[assignment]
     return train_moe(config.train)

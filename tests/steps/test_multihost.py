@@ -38,7 +38,7 @@ from steps.mixture import mixture_step
 from steps.moe import TINY_MOE
 from steps.tokenize import tokenize_step
 from steps.train_moe import MeshSpec, OptimizerSpec, SpikePolicy, train_moe_step
-from tests.steps.gangfns import PoisonedTrainConfig, poisoned_train
+from tests.steps.gangfns import HangingTrainConfig, PoisonedTrainConfig, hanging_train, poisoned_train
 
 ROOT, STEPS = {root!r}, {steps}
 HOSTS = int(os.environ.get("GANG_HOSTS", "1"))
@@ -61,6 +61,11 @@ if POISON:
     train = Step("train/gang", poisoned_train,
                  PoisonedTrainConfig(train.config, process=1, batch=versioned(int(POISON))),
                  resources=train.resources)
+HANG = os.environ.get("GANG_HANG")  # a marker file: process 1 hangs at step 12, once
+if HANG:
+    train = Step("train/gang", hanging_train,
+                 HangingTrainConfig(train.config, process=1, step=12, marker=HANG),
+                 resources=Resources(cpus=1, hosts=HOSTS, hang_timeout=20))
 if __name__ == "__main__":
     executor_main([train])
 """
@@ -259,3 +264,36 @@ def test_tensor_and_expert_axes_train_the_same_model_as_data_parallel(
     result = drydock(experiment, prefix, "--backend", "local", env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     close(losses(train_dir(prefix)), losses(reference), sorted(losses(reference)))
+
+
+def test_a_host_that_never_enters_the_collective_is_found_its_stacks_saved_and_the_gang_retried(
+    cluster, experiment, data_prefix, tmp_path
+):
+    # Issue 31, part 1: process 1 stops at step 12's loss instead of entering the gang's collective;
+    # process 0 waits in it. Neither crashes, their leases are renewed: only the watchdog sees it.
+    prefix = fresh_prefix(tmp_path, data_prefix)
+    marker = tmp_path / "hung-once"
+    result = drydock(experiment, prefix, "--ray_address", cluster, env=gang_env(GANG_HANG=str(marker)))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert marker.exists()
+    train = train_dir(prefix)
+    events = [json.loads(line) for line in (train / ".status").read_text().splitlines()]
+    kinds = [e["event"] for e in events]
+    assert kinds == ["RUNNING", "WARNING", "PREEMPTED", "RUNNING", "SUCCESS"], kinds
+    hung = events[1]
+    assert hung["message"].startswith("HUNG: no progress for ") and " after 12 steps; " in hung["message"]
+    assert hung["data"]["reached"] == {"0": 12, "1": 12}  # both finished step 11; step 12 never came
+    assert "host 1 is in _stuck at gangfns.py:" in hung["message"]
+    assert "host 0 waits in a collective (process_allgather)" in hung["message"]
+    assert hung["data"]["suspects"] == [1] and hung["data"]["bound_seconds"] == 20
+    # Found within the bound, give or take the watchdog's polls (every 5 s) and the progress
+    # reports' own pace (one written every 2 s at most).
+    assert hung["data"]["stalled_seconds"] < 20 + 3 * 5
+    assert events[2]["message"].startswith("hung: no progress for ")
+    token = events[0]["token"]
+    for host in (0, 1):
+        stacks = (train / ".logs" / f"attempt-{token}-host-{host}-stacks.log").read_text()
+        assert stacks.startswith(f"host {host} of 2") and "step thread: 0x" in stacks
+    outcome = json.loads((train / "train_result.json").read_text())
+    assert outcome["final_step"] == STEPS - 1 and outcome["resumed_from_step"] == 10
+    each_step_once(train)
