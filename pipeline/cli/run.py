@@ -12,6 +12,7 @@ parses the options (`pipeline.run.options`) from the command line with draccus (
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -46,10 +47,13 @@ def executor_main(
     *,
     argv: Sequence[str] | None = None,
     source_file: str | None = None,
+    notify: str | None = None,
 ) -> None:
     """Plan and run `steps` with options from the command line, then exit with the run's status.
 
     `source_file` is the experiment file recorded in the manifest (default: the `__main__` file).
+    `notify` is the experiment's webhook for alerts, unless `--notify` names another (read it from
+    the environment: a webhook URL is a secret that does not belong in an experiment file).
 
     Exit codes: 0 all done, 1 a step failed (or was blocked), 2 a malformed experiment or
     option (one sentence on stderr, nothing written), 130 interrupted.
@@ -60,6 +64,8 @@ def executor_main(
     handler = current_handler() or _run_and_print
     try:
         config = parse_options(args)
+        if notify and not config.notify:
+            config = dataclasses.replace(config, notify=notify)
         validate_options(config)
         _console_logging(config.log_level.upper())
         with _sigterm_as_interrupt():

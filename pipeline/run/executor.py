@@ -32,6 +32,7 @@ from pipeline.core.records import Event, may_outlive_runner
 from pipeline.core.report import RunReport, StepOutcome
 from pipeline.core.run_state import RunState
 from pipeline.errors import StepCancelled, StepFailed, StepPreempted
+from pipeline.run.alerts import Notifier
 from pipeline.run.backends.base import Backend, StepTask
 from pipeline.run.crashes import (
     CrashWatch,
@@ -69,6 +70,8 @@ class ExecutionOptions:
     cancel_grace: float = 10.0
     """After Ctrl-C, how long to wait for running steps to record CANCELLED."""
     run_info: Mapping[str, Any] = field(default_factory=dict)
+    alerts: Notifier | None = None
+    """Where to tell people about failures, hangs, rewinds and repeated preemptions (`--notify`)."""
     """Extra fields for every `.step.json` (experiment, git, versions)."""
 
 
@@ -153,8 +156,9 @@ class _Execution:
         self.heartbeat = Heartbeat(
             store, owner, options.lease_timeout, options.heartbeat_interval, self._on_lost, clock
         )
-        self.watchdog = Watchdog(store, self._on_hang, clock=clock)
+        self.watchdog = Watchdog(store, self._on_hang, on_report=self._on_report, clock=clock)
         self.hung: dict[str, Hang] = {}
+        self.rewinds: dict[str, int] = {}
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -221,6 +225,12 @@ class _Execution:
                 self.report(
                     label, "PREEMPTED", f"{event.detail}; retrying ({self.preemptions[label]}/{budget})"
                 )
+                if self.preemptions[label] in (3, 10, 100, 1000):  # again and again: someone should look
+                    self._alert(
+                        "preempted",
+                        label,
+                        f"{self.preemptions[label]} times (budget {budget}): {event.detail}",
+                    )
                 self.state.mark_retry(label)
                 return
             outcome.error = f"preempted {self.preemptions[label]} times (budget {budget}): {event.detail}"
@@ -234,9 +244,14 @@ class _Execution:
             self.report(label, "CANCELLED", event.detail)
             self.state.mark_cancelled(label)
 
+    def _alert(self, kind: str, label: str, text: str) -> None:
+        if self.options.alerts is not None:
+            self.options.alerts.alert(kind, self.dag.nodes[label].name, text)
+
     def _fail(self, label: str, detail: str) -> None:
         self.outcomes[label].state = State.FAILED
         self.report(label, "FAILED", detail)
+        self._alert("failed", label, detail)
         for blocked in self.state.mark_failed(label):
             self.report(blocked, "BLOCKED", f"by {self.dag.nodes[label].name}")
 
@@ -453,7 +468,17 @@ class _Execution:
         except Exception as e:  # the note is evidence; stopping the attempt matters more
             logger.warning("could not record the hang of %s: %s", label, e)
         self.report(label, "HUNG", hang.message)
+        self._alert("hung", label, hang.message.removeprefix("HUNG: ") + "; retrying from its checkpoint")
         self.backend.cancel(label)
+
+    def _on_report(self, label: str, report: Mapping[str, Any]) -> None:
+        """A watched step's new progress report: tell people of a new rewind."""
+        data = report.get("data")
+        counts = data.get("interventions") if isinstance(data, Mapping) else None
+        rewinds = counts.get("rewinds", 0) if isinstance(counts, Mapping) else 0
+        if isinstance(rewinds, int) and rewinds > self.rewinds.get(label, 0):
+            self.rewinds[label] = rewinds
+            self._alert("rewind", label, f"rewind {rewinds} (at step {report.get('done')}): see its .status")
 
     def _run_and_commit(self, label: str, attempt: int, token: int, started: float) -> _Event:
         """Run the step function through the backend, check it wrote output, commit SUCCESS."""

@@ -25,12 +25,13 @@ from pipeline.core.plan import Plan, State, make_plan
 from pipeline.core.records import Event, StepRecord
 from pipeline.core.report import RunReport
 from pipeline.errors import StorageError
+from pipeline.run.alerts import Notifier
 from pipeline.run.backends import make_backend
 from pipeline.run.console import RunConsole
 from pipeline.run.executor import ExecutionOptions, Reporter, execute
 from pipeline.run.listing import input_notes
 from pipeline.run.manifest import ManifestBuilder
-from pipeline.run.options import ExecutorMainConfig, resolve_prefix, validate_options
+from pipeline.run.options import ExecutorMainConfig, notify_url, resolve_prefix, validate_options
 from pipeline.run.provenance import drift_digest_of, environment_info, step_info
 from pipeline.step import Step
 from pipeline.storage.files import open_storage
@@ -143,6 +144,8 @@ def run_experiment(
             first = manifest.encode()
             store.storage.write(path, first)
             store.storage.write(history, first)
+    url = notify_url(config)
+    alerts = Notifier(url, name, owner.run_id) if url is not None and needs_backend else None
     options = ExecutionOptions(
         max_concurrent=config.max_concurrent or backend.default_concurrency(),
         lease_timeout=config.lease_timeout,
@@ -150,10 +153,12 @@ def run_experiment(
         wait_poll_interval=config.wait_poll_interval,
         clock_skew=config.clock_skew,
         run_info={"experiment": name, "manifest": path, **env},
+        alerts=alerts,
     )
     # The DAG, the plan and the manifest live as long as the run: the collector need not scan
     # them again and again while steps run (for 10,000 steps each full pass costs 0.2 s).
     gc.freeze()
+    report: RunReport | None = None
     try:
         # Progress lines are INFO: a run with --log_level WARNING (or quieter) prints none.
         quiet = logging.getLevelName(config.log_level.upper()) > logging.INFO
@@ -173,6 +178,15 @@ def run_experiment(
     finally:
         backend.close()
         gc.unfreeze()
+        if alerts is not None:
+            # The run's end is always sent, with what the rate limit held back; then wait a
+            # little for the last messages to go out (never for a webhook that is down).
+            if report is None:
+                alerts.alert("interrupted", None, "the run stopped before it finished", force=True)
+            else:
+                alerts.alert("finished", None, report_counts(report), force=True)
+            alerts.close(timeout=30.0)
+    assert report is not None  # execute returned (an exception would have left by now)
     with collector_paused():
         final = manifest.encode(report, last=True)
         try:
@@ -183,6 +197,15 @@ def run_experiment(
             report = replace(report, manifest_error=f"could not write the run manifest {path}: {e}")
     logger.debug("manifest: %s", path)  # the end-of-run summary prints it
     return report
+
+
+def report_counts(report: RunReport) -> str:
+    """`4 succeeded, 1 failed, 2 blocked (exit 1)`: a run's outcome in one line, for its alert."""
+    counts: dict[str, int] = {}
+    for outcome in report.outcomes.values():
+        counts[outcome.state.value.lower()] = counts.get(outcome.state.value.lower(), 0) + 1
+    parts = ", ".join(f"{n} {state}" for state, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return f"{parts} (exit {report.exit_code})"
 
 
 def _silent(line: str) -> None:

@@ -87,6 +87,10 @@ class ExecutorMainConfig:
     verbose: bool = False
     """Stream the steps' own output (Levanter, JAX, Ray, tqdm) to the console as well; without it,
     that goes only to each attempt's log, `<step>/.logs/attempt-<token>.log`."""
+    notify: str | None = None
+    """A webhook (http or https URL; Slack-compatible JSON) told when a step fails, hangs, rewinds
+    or is preempted again and again, and when the run ends. Default: $DRYDOCK_NOTIFY. A secret:
+    never recorded in manifests or logs."""
 
     def __post_init__(self) -> None:
         # One place holds the address: `--ray_address` (and `ray_address=`) fill `ray.address`.
@@ -130,6 +134,20 @@ def validate_options(config: ExecutorMainConfig) -> None:
             f"{config.lease_timeout}s, or leases expire between heartbeats",
             field="--heartbeat_interval",
         )
+    url = notify_url(config)
+    if url is not None:
+        from pipeline.run.alerts import check_webhook
+
+        problem = check_webhook(url)
+        if problem is not None:
+            where = "--notify" if config.notify else "$DRYDOCK_NOTIFY"
+            # The URL is a secret: say what is wrong with it without repeating it.
+            raise StepDeclarationError(None, f"the webhook {problem}", field=where)
+
+
+def notify_url(config: ExecutorMainConfig) -> str | None:
+    """The webhook of the run: `--notify`, else $DRYDOCK_NOTIFY, else none."""
+    return config.notify or os.environ.get("DRYDOCK_NOTIFY") or None
 
 
 _BOOL_FLAGS = ("--dry_run", "--json", "--verbose")

@@ -22,6 +22,7 @@ from typing import Any
 from pipeline.core.configs import to_plain
 from pipeline.core.dag import Dag, drift_text, fn_import_path, resolved_config
 from pipeline.core.drift import drift_digest_of_text
+from pipeline.run.alerts import redact_argv
 from pipeline.step import hooks_of
 
 __all__ = [
@@ -155,6 +156,6 @@ def environment_info(source_file: str | None = None) -> dict[str, Any]:
     return {
         "git": _git_info(directory),
         "versions": dict(_versions()),
-        "argv": list(sys.argv),
+        "argv": redact_argv(sys.argv),  # a webhook URL (--notify) is a secret
         "host": platform.node(),
     }

@@ -80,11 +80,14 @@ class Watchdog:
         store: StepStore,
         on_hang: Callable[[str, Hang], None],
         *,
+        on_report: Callable[[str, Mapping[str, Any]], None] | None = None,
         interval: float = 5.0,
         dump_wait: float = DUMP_WAIT_SECONDS,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._store, self._on_hang, self._interval = store, on_hang, interval
+        self._on_report = on_report
+        """Told of each new progress report of a watched attempt (the executor's alerts)."""
         self._dump_wait, self._clock = dump_wait, clock
         self._watched: dict[str, _Watched] = {}
         self._lock = threading.Lock()
@@ -138,6 +141,8 @@ class Watchdog:
                 elif w.last is None:
                     w.reports.append(mark)
                 w.last, w.unit, w.seen_at, w.requested = mark, str(report.get("unit") or ""), now, None
+                if self._on_report is not None:
+                    self._on_report(w.label, report)
         per_unit = _per_unit(w.reports)
         bound = w.policy.bound(per_unit, w.fixed, reported=w.last is not None)
         stalled = now - w.seen_at

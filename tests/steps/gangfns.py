@@ -53,7 +53,7 @@ class PoisonedTrainConfig:
     """The data batch whose examples (on that process) get a NaN loss weight."""
 
 
-@step_function(fresh_process=True)
+@step_function(fresh_process=True, watchdog=TRAINING_PACE)
 def poisoned_train(config: PoisonedTrainConfig) -> dict[str, Any]:
     """`train_moe`, with a NaN planted in one process's share of one data batch: the gang's
     loss at that step is NaN for every process, and the spike policy must rewind them all."""

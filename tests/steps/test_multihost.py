@@ -231,9 +231,12 @@ def training_workers() -> list[int]:
     return sorted(int(line.split()[0]) for line in out.splitlines() if "ray::train/gang" in line)
 
 
-def test_a_nan_on_one_hosts_data_rewinds_both_hosts(cluster, experiment, data_prefix, tmp_path):
+def test_a_nan_on_one_hosts_data_rewinds_both_hosts(cluster, experiment, data_prefix, tmp_path, webhook):
     prefix = fresh_prefix(tmp_path, data_prefix)
-    result = drydock(experiment, prefix, "--ray_address", cluster, env=gang_env(GANG_POISON="15"))
+    url, received = webhook
+    result = drydock(
+        experiment, prefix, "--ray_address", cluster, "--notify", url, env=gang_env(GANG_POISON="15")
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     train = train_dir(prefix)
     (rewind,) = json.loads((train / "rewinds.json").read_text())["rewinds"]
@@ -245,6 +248,10 @@ def test_a_nan_on_one_hosts_data_rewinds_both_hosts(cluster, experiment, data_pr
     assert outcome["final_step"] == STEPS - 1 and outcome["interventions"]["rewinds"] == 1
     assert [e["event"] for e in read_events(str(train / "metrics.jsonl"))] == ["rewind"]
     each_step_once(train)
+    # The operators heard of the rewind while it ran (issue 31, part 2), and of the run's end.
+    kinds = [m["body"]["drydock"]["kind"] for m in received]
+    assert kinds == ["rewind", "finished"], received
+    assert received[0]["body"]["text"].startswith("[drydock] gang_exp: rewind train/gang: rewind 1 (at step")
     # Both hosts left the loop at step 15 and trained on from step 11 (nothing hung).
     for host in (0, 1):
         assert (
@@ -267,13 +274,16 @@ def test_tensor_and_expert_axes_train_the_same_model_as_data_parallel(
 
 
 def test_a_host_that_never_enters_the_collective_is_found_its_stacks_saved_and_the_gang_retried(
-    cluster, experiment, data_prefix, tmp_path
+    cluster, experiment, data_prefix, tmp_path, webhook
 ):
     # Issue 31, part 1: process 1 stops at step 12's loss instead of entering the gang's collective;
     # process 0 waits in it. Neither crashes, their leases are renewed: only the watchdog sees it.
     prefix = fresh_prefix(tmp_path, data_prefix)
     marker = tmp_path / "hung-once"
-    result = drydock(experiment, prefix, "--ray_address", cluster, env=gang_env(GANG_HANG=str(marker)))
+    url, received = webhook
+    result = drydock(
+        experiment, prefix, "--ray_address", cluster, "--notify", url, env=gang_env(GANG_HANG=str(marker))
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert marker.exists()
     train = train_dir(prefix)
@@ -297,3 +307,6 @@ def test_a_host_that_never_enters_the_collective_is_found_its_stacks_saved_and_t
     outcome = json.loads((train / "train_result.json").read_text())
     assert outcome["final_step"] == STEPS - 1 and outcome["resumed_from_step"] == 10
     each_step_once(train)
+    kinds = [m["body"]["drydock"]["kind"] for m in received]
+    assert kinds == ["hung", "finished"], received
+    assert "host 1 is in _stuck" in received[0]["body"]["text"]

@@ -1,0 +1,152 @@
+"""Telling people: a webhook called when a run needs someone (Slack-compatible JSON).
+
+    drydock run x.py --notify https://hooks.slack.com/services/...     (or $DRYDOCK_NOTIFY,
+                                                                         or executor_main(notify=...))
+
+What is sent, one message each: a step that failed for good (its retries spent, a divergence
+among them), a hang the watchdog found, a step preempted again and again (at its 3rd, 10th,
+100th... preemption), a training's rewind (seen in its progress reports), and the run's end. The
+body is `{"text": "...", "drydock": {"kind", "experiment", "step", "run_id"}}`: Slack shows the
+text, anything else can read the rest.
+
+Three promises:
+  - **never fails the run**: messages are sent by a background thread, each with a timeout and
+    two retries; a webhook that is down costs a warning in the log, nothing else;
+  - **rate-limited**: at most `per_minute` messages a minute; the same kind of message about the
+    same step at most once every `repeat_after` seconds; what is held back is counted and said in
+    the next message ("and 12 more alerts");
+  - **keeps the secret**: a webhook URL is a credential (its path is the token). It is never
+    logged (only its host is), and `redact_argv` takes it out of the command line that manifests
+    and `.step.json` record.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["SECRET_FLAGS", "Notifier", "check_webhook", "redact_argv"]
+
+logger = logging.getLogger(__name__)
+
+SECRET_FLAGS = ("--notify",)
+"""Command-line options whose value is a secret: recorded as `<redacted>`."""
+
+
+def check_webhook(url: str) -> str | None:
+    """Why `url` cannot be a webhook, or None: it must be an http(s) URL with a host."""
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        return "is not an http(s) URL"
+    return None
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """`argv` with the value of every secret option replaced by `<redacted>`."""
+    out, hide = [], False
+    for arg in argv:
+        if hide:
+            out.append("<redacted>")
+            hide = False
+            continue
+        flag, eq, _value = arg.partition("=")
+        if flag in SECRET_FLAGS:
+            out.append(f"{flag}=<redacted>" if eq else arg)
+            hide = not eq
+            continue
+        out.append(arg)
+    return out
+
+
+def _post(url: str, body: bytes, timeout: float) -> None:
+    request = urllib.request.Request(
+        url, data=body, headers={"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        response.read()
+
+
+class Notifier:
+    """Sends alerts to one webhook for one run (see the module docstring)."""
+
+    def __init__(
+        self,
+        url: str,
+        experiment: str,
+        run_id: str,
+        *,
+        per_minute: int = 6,
+        repeat_after: float = 600.0,
+        timeout: float = 10.0,
+        clock: Callable[[], float] = time.time,
+        send: Callable[[str, bytes, float], None] = _post,
+    ) -> None:
+        self._url, self._experiment, self._run_id = url, experiment, run_id
+        self._per_minute, self._repeat_after, self._timeout = per_minute, repeat_after, timeout
+        self._clock, self._send = clock, send
+        self._where = urllib.parse.urlsplit(url).netloc  # what logs may show of the URL
+        self._sent: list[float] = []
+        self._last: dict[tuple[str, str], float] = {}
+        self._held = 0
+        self._lock = threading.Lock()
+        self._queue: queue.Queue[bytes | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="drydock-alerts", daemon=True)
+        self._thread.start()
+        self.delivered = 0
+        """Messages the webhook accepted (for the run's summary and tests)."""
+
+    def alert(self, kind: str, step: str | None, text: str, *, force: bool = False) -> bool:
+        """Queue a message; False if the rate limit held it back. `force`: the run's end, which is
+        always sent (with the count of what was held back)."""
+        now = self._clock()
+        with self._lock:
+            key = (kind, step or "")
+            self._sent = [t for t in self._sent if now - t < 60.0]
+            repeat = now - self._last.get(key, float("-inf")) < self._repeat_after
+            if not force and (repeat or len(self._sent) >= self._per_minute):
+                self._held += 1
+                return False
+            self._last[key] = now
+            self._sent.append(now)
+            held, self._held = self._held, 0
+        where = f" {step}" if step else ""
+        more = f" (and {held} more alert{'s' if held != 1 else ''} held back)" if held else ""
+        body = {
+            "text": f"[drydock] {self._experiment}: {kind}{where}: {text}{more}",
+            "drydock": {"kind": kind, "experiment": self._experiment, "step": step, "run_id": self._run_id},
+        }
+        self._queue.put(json.dumps(body).encode())
+        return True
+
+    def _loop(self) -> None:
+        while True:
+            body = self._queue.get()
+            if body is None:
+                return
+            for attempt in range(3):
+                try:
+                    self._send(self._url, body, self._timeout)
+                    self.delivered += 1
+                    break
+                except (OSError, urllib.error.URLError, ValueError) as e:
+                    if attempt == 2:
+                        logger.warning("alert not delivered to the webhook at %s: %s", self._where, e)
+                    else:
+                        time.sleep(0.5 * (attempt + 1))
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Send what is queued (waiting at most `timeout` seconds), then stop."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def describe(self) -> dict[str, Any]:
+        """What a record of the run may say about its alerts: where they went (the host only)."""
+        return {"webhook": self._where, "delivered": self.delivered}
