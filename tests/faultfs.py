@@ -4,8 +4,8 @@
     fs = FaultFS(inner, [Fault("pipe_file", "lost_reply", path="*/.status")])
     storage = Storage(fs, sleep=lambda s: None)
 
-Every call goes to the wrapped filesystem, except that a matching `Fault` first (or instead)
-does one of:
+Every call goes to the wrapped filesystem (after waiting while `outage` is set: the store is
+down), except that a matching `Fault` first (or instead) does one of:
 
   * `error`       raise `fault.error()` before the call reaches the store (it never happened);
   * `lost_reply`  make the call, then raise: the store changed but the caller cannot know;
@@ -105,6 +105,9 @@ class FaultFS(fsspec.AbstractFileSystem):
         self.rate = rate
         self.random_kinds = random_kinds
         self.injected: list[tuple[str, str, str]] = []
+        self.outage = threading.Event()
+        """While set, the store is down: every call waits (as on a hung NFS mount or a frozen
+        server) until it is cleared, then goes through."""
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
 
@@ -124,6 +127,8 @@ class FaultFS(fsspec.AbstractFileSystem):
             return fault
 
     def _call(self, op: str, path: str, call: Callable[[], Any], data: bytes | None = None) -> Any:
+        while self.outage.is_set():
+            time.sleep(0.01)
         fault = self._pick(op, _bare(path))
         if fault is None:
             return call()

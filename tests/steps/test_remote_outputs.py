@@ -699,3 +699,104 @@ def test_rewinds_and_retention_delete_exactly_their_checkpoints_on_object_storag
     assert sorted(complete_checkpoints(root)) == [20, 40, 50, 55]
     with pytest.raises(TypeError):
         delete_checkpoints(root, after=None)  # type: ignore[arg-type]  # "all of them" is gone
+
+
+def moto_pid(endpoint: str) -> int:
+    """The pid of the moto server answering at `endpoint` (the test suite's own)."""
+    port = endpoint.rsplit(":", 1)[1]
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
+    (pid,) = [
+        int(line.split()[0]) for line in out.splitlines() if f"moto.server -H 127.0.0.1 -p {port}" in line
+    ]
+    return pid
+
+
+def status_events(step: str) -> list[dict]:
+    return [json.loads(line) for line in cat(f"{step}/.status").splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("outage", "lost"), [(20.0, True), (3.0, False)])
+def test_a_storage_outage_longer_than_the_lease_ends_the_attempt_and_the_runner_takes_its_step_back(
+    s3_env, tmp_path, outage, lost
+):
+    """Issue 31, part 4: the object store stops answering (its server frozen: every request hangs)
+    for `outage` seconds during a training, on a lease of 8 s. Longer than the lease: the attempt's
+    lease counts as lost, its writes are fenced, it ends without committing, and the runner takes
+    its own step back once the store answers and resumes it from its checkpoint. Shorter: nothing
+    happens but a pause."""
+    steps = 30
+    prefix = f"s3://{BUCKET}/outage-{uuid.uuid4().hex[:12]}"
+    exp = tmp_path / "exp.py"
+    text = EXPERIMENT.format(root=str(ROOT), model=dict(QWEN), optimizer=dict(name="adamw"), steps=steps)
+    exp.write_text(
+        text.replace("router_stats_interval=5)", "router_stats_interval=5, metrics_upload_seconds=1)")
+    )
+    env = {**os.environ, **s3_env, "PYTHONPATH": str(ROOT), "DRYDOCK_SCRATCH": str(tmp_path / "scratch")}
+    env["RAY_AUTH_MODE"] = "disabled"
+    leases = ["--lease_timeout", "8", "--heartbeat_interval", "1", "--wait_poll_interval", "0.5"]
+    command = [
+        sys.executable,
+        "-m",
+        "pipeline",
+        "run",
+        str(exp),
+        "--prefix",
+        prefix,
+        "--backend",
+        "local",
+        *leases,
+    ]
+    proc, stderr, reader = _run_until_a_checkpoint(command, env, tmp_path, prefix)
+    server = moto_pid(s3_env["AWS_ENDPOINT_URL_S3"])
+    os.kill(server, signal.SIGSTOP)  # every request now hangs, as in a real outage
+    try:
+        time.sleep(outage)
+    finally:
+        os.kill(server, signal.SIGCONT)
+    assert proc.wait(600) == 0, b"".join(stderr).decode(errors="replace")[-3000:]
+    reader.join(30)
+    (train,) = [p for p in glob(f"{prefix}/train/test-*") if not p.endswith(".json")]
+    events = [e["event"] for e in status_events(train)]
+    if lost:  # two attempts: the lost one wrote nothing more, the second committed
+        assert events == ["RUNNING", "RUNNING", "SUCCESS"], events
+        outcome = json.loads(cat(f"{train}/train_result.json"))
+        assert outcome["resumed_from_step"] >= 10
+    else:
+        assert events == ["RUNNING", "SUCCESS"], events
+    records = read_metrics(f"{train}/metrics.jsonl")
+    assert [r["step"] for r in records if "loss" in r] == list(range(2, steps))  # none lost, none twice
+
+
+@pytest.mark.slow
+def test_a_ray_run_on_an_object_store_with_a_follower_is_killed_and_resumed(s3_env, tmp_path):
+    """Issue 31, part 4: the configuration of a real cluster run, on this machine: the Ray backend
+    (a private instance of two CPUs), a prefix on object storage (moto), a training and a follower
+    evaluating its checkpoints as they land. The runner is killed after a checkpoint; the rerun
+    resumes both, and every checkpoint is evaluated once."""
+    steps = 30
+    prefix = f"s3://{BUCKET}/ray-{uuid.uuid4().hex[:12]}"
+    exp = tmp_path / "exp.py"
+    text = EXPERIMENT.format(root=str(ROOT), model=dict(QWEN), optimizer=dict(name="adamw"), steps=steps)
+    # The evaluation follows the training: it runs beside it, evaluating each checkpoint that lands.
+    text = text.replace("max_batches=4)", "max_batches=4, follow=True)")
+    assert "follow=True" in text
+    exp.write_text(text)
+    env = {**os.environ, **s3_env, "PYTHONPATH": str(ROOT), "DRYDOCK_SCRATCH": str(tmp_path / "scratch")}
+    env["RAY_AUTH_MODE"] = "disabled"
+    command = [sys.executable, "-m", "pipeline", "run", str(exp), "--prefix", prefix, "--ray.num_cpus", "2"]
+    proc, _, _ = _run_until_a_checkpoint(command, env, tmp_path, prefix)
+    proc.send_signal(signal.SIGKILL)  # the runner; its private Ray instance goes with it
+    proc.wait(30)
+    rerun = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    (train,) = [p for p in glob(f"{prefix}/train/test-*") if not p.endswith(".json")]
+    outcome = json.loads(cat(f"{train}/train_result.json"))
+    assert outcome["resumed_from_step"] >= 10 and outcome["final_step"] == steps - 1
+    records = read_metrics(f"{train}/metrics.jsonl")
+    assert [r["step"] for r in records if "loss" in r] == list(range(2, steps))  # each step once
+    (evaluation,) = [p for p in glob(f"{prefix}/evaluate/test-*") if not p.endswith(".json")]
+    evaluated = sorted(
+        int(p.rsplit("step-", 1)[1].removesuffix(".json")) for p in glob(f"{evaluation}/results/step-*.json")
+    )
+    assert evaluated == [10, 20, steps - 1]
