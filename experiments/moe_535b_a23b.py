@@ -73,6 +73,7 @@ Tokenization runs on CPU hosts.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from pipeline import Resources, Step, executor_main
@@ -81,6 +82,8 @@ from steps.dedupe import dedupe_step
 from steps.evaluate import evaluate_step
 from steps.mixture import mixture_step
 from steps.moe import MoeModelConfig
+from steps.prediction import predicted_by
+from steps.scaling import ScalingPoint, scaling_fit_step, scaling_point
 from steps.sources import RawDataset, raw_dataset
 from steps.spikes import Stability
 from steps.task_eval import task_eval_step
@@ -185,18 +188,83 @@ model = MoeModelConfig(
     rope_theta=500_000.0,
 )
 
+OPTIMIZER = OptimizerSpec(
+    name="adamw",
+    learning_rate=2e-4,
+    weight_decay=0.1,
+    warmup=0.01,
+    min_lr_ratio=0.05,
+    lr_schedule="linear",
+)
+GANG = Resources(gpus=4, hosts=176, accelerator="GB200", cpus=32, preemption_retries=1_000)
+LAYOUT = MeshSpec(data=88, expert=8)
+
+# -- the scaling ladder: the prediction the run is watched against --------------------------------
+
+LADDER_SIZES = ((768, 6), (1024, 8), (1536, 12), (2048, 16), (3072, 24))
+"""(hidden, layers) of the ladder's models: the hero's architecture at five sizes, 42M to 2.6B
+active non-embedding parameters (the hero: 21.1B)."""
+LADDER_STEPS = (1_000, 2_000, 4_000)
+"""Their budgets at the hero's batch: 46B, 92B and 185B tokens. The largest point has 1/780 of the
+hero's compute. Every ladder run reads the mixture's first phase only (it switches at step 108,000)."""
+
+
+def ladder_model(hidden_dim: int, num_layers: int) -> MoeModelConfig:
+    """The hero's model at width `hidden_dim` and depth `num_layers`: the same 384 experts with
+    top-12 routing, heads of 128 with 4 query heads per KV head, expert width a quarter of the
+    hidden size (the hero's 1552/6144), QK norm, RoPE and vocabulary."""
+    return dataclasses.replace(
+        model,
+        hidden_dim=hidden_dim,
+        num_layers=num_layers,
+        num_heads=hidden_dim // 128,
+        num_kv_heads=hidden_dim // 512,
+        expert_intermediate_dim=hidden_dim // 4,
+    )
+
+
+def ladder_point(hidden_dim: int, num_layers: int, steps: int) -> ScalingPoint:
+    """One rung: a training on the hero's gang, mixture, batch and schedule shape, and its evaluation."""
+    label = f"d{hidden_dim}-s{steps}"
+    rung = train_moe_step(
+        f"train/535b-ladder/{label}",
+        data=mixture,
+        model=ladder_model(hidden_dim, num_layers),
+        optimizer=OPTIMIZER,
+        stability=Stability(z_loss=1e-4),
+        batch_size=BATCH_SIZE,
+        seq_len=SEQ_LEN,
+        num_steps=steps,
+        vocab_size=VOCAB_SIZE,
+        checkpoint_interval=steps,  # the final checkpoint, for its evaluation
+        eval_interval=steps,
+        hf_export=False,
+        mesh=LAYOUT,
+        precision="bf16",
+        resources=GANG,
+    )
+    scored = evaluate_step(
+        f"evaluate/535b-ladder/{label}",
+        train=rung,
+        data=mixture,
+        seq_len=SEQ_LEN,
+        batch_size=512,
+        resources=Resources(tpu="v5p-256"),
+    )
+    return scaling_point(rung, scored, label=label)
+
+
+ladder = scaling_fit_step(
+    "scaling/535b-ladder",
+    points=[ladder_point(h, layers, s) for h, layers in LADDER_SIZES for s in LADDER_STEPS],
+    target=ScalingPoint(label="moe-535b-a23b", model=model, tokens=TRAIN_TOKENS),
+)
+
 train = train_moe_step(
     "train/moe-535b-a23b",
     data=mixture,
     model=model,
-    optimizer=OptimizerSpec(
-        name="adamw",
-        learning_rate=2e-4,
-        weight_decay=0.1,
-        warmup=0.01,
-        min_lr_ratio=0.05,
-        lr_schedule="linear",
-    ),
+    optimizer=OPTIMIZER,
     stability=Stability(z_loss=1e-4),
     batch_size=BATCH_SIZE,
     seq_len=SEQ_LEN,
@@ -205,9 +273,11 @@ train = train_moe_step(
     checkpoint_interval=5_000,
     checkpoint_minutes=30,
     eval_interval=5_000,
-    mesh=MeshSpec(data=88, expert=8),
+    mesh=LAYOUT,
     precision="bf16",
-    resources=Resources(gpus=4, hosts=176, accelerator="GB200", cpus=32, preemption_retries=1_000),
+    resources=GANG,
+    # Waits for the ladder's fit; outside the training's identity (refitting never reruns it).
+    prediction=predicted_by(ladder),
 )
 
 evaluation = evaluate_step(

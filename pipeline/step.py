@@ -59,21 +59,27 @@ class OutputOf:
     sub: str | None = None
     """A path inside the upstream output directory."""
     blocking: bool = True
-    """Whether this step waits for the upstream step. Identity is added either way."""
+    """Whether this step waits for the upstream step."""
+    identity: bool = True
+    """Whether the upstream identity enters this step's identity (see `output_of`)."""
 
     def __truediv__(self, sub: str) -> OutputOf:
         joined = f"{self.sub.rstrip('/')}/{sub}" if self.sub else sub
-        return OutputOf(self.step, joined, self.blocking)
+        return OutputOf(self.step, joined, self.blocking, self.identity)
 
 
-def output_of(step: Step | str, sub: str | None = None, blocking: bool = True) -> Any:
+def output_of(step: Step | str, sub: str | None = None, blocking: bool = True, identity: bool = True) -> Any:
     """The output path of `step` (or of `sub` inside it), resolved at run time.
 
     Adds a DAG edge and makes the upstream identity part of this step's identity.
     `blocking=False` keeps the identity but does not wait for the upstream step, e.g. to
     evaluate checkpoints of a training run that is still going.
+
+    `identity=False` is for a path the step only consults, whose content cannot change what the
+    step writes: a training's predicted loss, compared with its evaluations. The step still waits
+    for the upstream step (unless `blocking=False`), but a new upstream identity does not rerun it.
     """
-    return OutputOf(step, sub, blocking)
+    return OutputOf(step, sub, blocking, identity)
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,7 @@ def levanter_train_config(
     metrics_path: str | None = None,
     log_dir: str | None = None,
     rewinds: list[Rewind] | None = None,
+    prediction: str | None = None,
 ) -> Any:
     """The `TrainLmConfig` that train_moe hands to Levanter's `train_lm.main` for `config`.
 
@@ -134,6 +135,7 @@ def levanter_train_config(
             path=metrics_path,
             spike_policy=json.dumps(dataclasses.asdict(config.spike_policy)),
             summary_path=os.path.join(out, "summary.json"),
+            prediction=prediction,
         )
     ]
     if config.wandb_project:

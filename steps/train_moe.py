@@ -64,6 +64,7 @@ from steps.imports import LEVANTER, import_ml
 from steps.levanter_config import hub_offline, levanter_train_config
 from steps.mesh import MeshSpec
 from steps.moe import MoeModelConfig, parameter_counts
+from steps.prediction import LossPrediction, PredictionError, check_prediction, fit_summary, start_prediction
 from steps.spikes import (
     REWINDS_FILE,
     Rewind,
@@ -159,6 +160,9 @@ class TrainMoeConfig:
     hardware: Hardware | None = None
     """What the step's Resources ask for (accelerator, devices) and the MFU assumed, for the
     plan's memory and time estimates (`steps.estimates`); not versioned."""
+    prediction: LossPrediction | None = None
+    """The eval loss this training should reach, step by step (`steps.prediction`): drawn beside
+    the measured one, and evaluations outside its interval warn. Not versioned."""
     metrics_upload_seconds: float = 30.0
     """For an output on object storage: upload the new metrics lines this often. A crash loses at most the
     lines of this many seconds; they are of steps after the last checkpoint (the lines up to a
@@ -218,6 +222,11 @@ def train_moe_step(
         raise StepDeclarationError(name, f"must be a fraction in (0, 1], got {mfu!r}", field="mfu")
     if mesh is not None and not isinstance(mesh, MeshSpec):
         raise StepDeclarationError(name, f"must be a MeshSpec, got {type(mesh).__name__}", field="mesh")
+    if options.get("prediction") is not None:
+        try:
+            check_prediction(options["prediction"], model, num_steps * batch_size * seq_len, num_steps)
+        except PredictionError as e:
+            raise StepDeclarationError(name, e.message, field=e.field) from e
     hardware = hardware_of(resources, mfu)
     for field_name, message in layout_problems(
         model, mesh or MeshSpec(), hardware, batch_size, seq_len, vocab_size, precision
@@ -375,7 +384,25 @@ def preview(config: TrainMoeConfig) -> dict[str, Any]:
                 out["train_tokens"],
             )
         )
+    if config.prediction is not None:
+        out["predicted eval loss"] = _predicted_text(config.prediction)
     return out
+
+
+def _predicted_text(prediction: LossPrediction) -> str:
+    """The prediction's final loss for the plan, or where it will come from."""
+    if prediction.fit is None:
+        step, loss, low, high = prediction.points[-1]
+        return f"{loss:.4f} [{low:.4f}, {high:.4f}] at step {step:,} ({prediction.source or 'given'})"
+    summary = fit_summary(str(prediction.fit))
+    name = prediction.source or os.path.basename(str(prediction.fit).rstrip("/"))
+    if summary is None:
+        return f"from {name}, once it has run"
+    level = f"{summary['level']:.0%} " if isinstance(summary["level"], float) else ""
+    return (
+        f"{summary['loss']:.4f}, {level}interval [{summary['low']:.4f}, {summary['high']:.4f}] at the "
+        f"end ({summary['method']} fit of {name})"
+    )
 
 
 def report(config: TrainMoeConfig) -> dict[str, Any] | None:
@@ -484,6 +511,16 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
             json.dumps(draccus.encode(model, LmConfig), indent=1).encode(),
         )
 
+    curve = None
+    if gang.leader:  # only the leader's tracker compares evaluations with it
+        curve = start_prediction(
+            config.prediction,
+            out,
+            model=config.model,
+            tokens_per_step=config.batch_size * config.seq_len,
+            num_steps=config.num_steps,
+            eval_interval=config.eval_interval,
+        )
     rewinds_path = os.path.join(out, REWINDS_FILE)
     rewinds = read_rewinds(read_text(rewinds_path) if exists(rewinds_path) else None, rewinds_path)
     first_resumed_from = None
@@ -494,7 +531,7 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
         if first_resumed_from is None and not rewinds:
             first_resumed_from = resumed_from
         try:
-            _train_attempt(config, data, model, resumed_from, rewinds, gang.leader)
+            _train_attempt(config, data, model, resumed_from, rewinds, gang.leader, curve)
             break
         except RewindNeeded as e:
             # Every process got here at the same step (the tracker's decision is shared), with
@@ -552,6 +589,7 @@ def _train_attempt(
     resumed_from: int | None,
     rewinds: list[Rewind],
     leader: bool = True,
+    prediction: str | None = None,
 ) -> None:
     """Run Levanter's train_lm from the checkpoint at `resumed_from` (None: from scratch) to the
     end, or until the spike guard raises `RewindNeeded`. Only the `leader` of a gang keeps the
@@ -586,6 +624,7 @@ def _train_attempt(
         metrics_path=appended,
         log_dir=None if scratch is None else os.path.join(scratch, "logs"),
         rewinds=rewinds,
+        prediction=prediction,
     )
     uploader = None
     if scratch is not None and leader:

@@ -46,6 +46,7 @@ from steps.metrics import (
     read_metrics,
     write_metrics,
 )
+from steps.prediction import Curve, PredictionWatch
 from steps.spikes import Rewind, RewindNeeded, SpikeDetector, SpikePolicy, count_interventions, data_batch
 
 logger = logging.getLogger(__name__)
@@ -102,6 +103,10 @@ def _flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 class JsonlTracker(Tracker):
     """Appends every stepped metrics call to `path` at once, as `{"step": N, ...}`, and watches
     the loss for spikes under a `SpikePolicy`.
@@ -125,7 +130,13 @@ class JsonlTracker(Tracker):
 
     name = "drydock_jsonl"
 
-    def __init__(self, path: str, policy: SpikePolicy | None = None, summary_path: str | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        policy: SpikePolicy | None = None,
+        summary_path: str | None = None,
+        prediction: Curve | None = None,
+    ) -> None:
         local = local_path(path)
         if local is None:
             # Object stores cannot append: train_moe appends to a scratch file and uploads it.
@@ -148,6 +159,12 @@ class JsonlTracker(Tracker):
         self._events = read_events(local) if self._fs.exists(local) else []
         self._recent: deque[tuple[int, float]] = deque(maxlen=RATE_WINDOW)
         self._latest: dict[str, float] = {}
+        # The predicted eval loss: a resumed attempt catches up on the evaluations already made.
+        self._prediction = None if prediction is None else PredictionWatch(prediction)
+        if self._prediction is not None and self._fs.exists(local):
+            self._prediction.replay(
+                [(r["step"], r["eval/loss"]) for r in read_metrics(local) if _finite(r.get("eval/loss"))]
+            )
 
     def log_hyperparameters(self, hparams: Mapping[str, Any]) -> None:
         pass
@@ -179,6 +196,8 @@ class JsonlTracker(Tracker):
             self._spiked(record["step"], float(loss), kind)  # type: ignore[arg-type]
         if record.get("optim/skipped_step") == 1:
             self._skipped(record)
+        if self._prediction is not None and _finite(flat.get("eval/loss")):
+            self._compare(record["step"], float(flat["eval/loss"]))
         for key, short in (("throughput/tokens_per_second", "tokens_per_second"), ("throughput/mfu", "mfu")):
             if isinstance(record.get(key), int | float):
                 self._latest[short] = float(record[key])
@@ -207,7 +226,37 @@ class JsonlTracker(Tracker):
             figures["checkpoint_step"], figures["checkpoint_time"] = saved
         counts = count_interventions(self._events)
         figures["interventions"] = {k: v for k, v in counts.items() if v}
+        # What the runner tells people of (`--notify`): each kind once per new count.
+        alerts = {}
+        rewinds = [e for e in self._events if e.get("event") == "rewind"]
+        if rewinds:
+            last = rewinds[-1]
+            alerts["rewind"] = {
+                "count": len(rewinds),
+                "message": str(last.get("message") or f"rewind {len(rewinds)}"),
+            }
+        if self._prediction is not None:
+            if self._prediction.latest is not None:
+                figures["prediction"] = self._prediction.latest
+            if self._prediction.excursions:
+                alerts["off_prediction"] = {
+                    "count": self._prediction.excursions,
+                    "message": self._prediction.message,
+                }
+        figures["alerts"] = alerts
         return figures
+
+    def _compare(self, step: int, loss: float) -> None:
+        assert self._prediction is not None
+        warning = self._prediction.observe(step, loss)
+        if warning is None:
+            return
+        data = {k: v for k, v in (self._prediction.latest or {}).items() if k != "step"}
+        with self._lock:
+            self._append(
+                {"event": "off_prediction", "step": step, "loss": loss, **data, "wall_time": time.time()}
+            )
+        step_events.warn(warning, {"step": step, **data}, context=self._context)
 
     def _append(self, record: dict[str, Any]) -> None:
         with self._fs.open(self.path, "a") as f:
@@ -438,12 +487,15 @@ class JsonlTrackerConfig(TrackerConfig):
     """A `SpikePolicy` as JSON (a string, so that Levanter can log this config); None: no guard."""
     summary_path: str | None = None
     """Where Levanter's run summary goes (a path or URL); None: `summary.json` beside `path`."""
+    prediction: str | None = None
+    """The predicted eval loss (`steps.prediction.Curve` as JSON); None: no prediction."""
 
     def init(self, run_id: str | None) -> Tracker:
         if jax.process_index() != 0:
             return GangTracker()
         policy = SpikePolicy(**json.loads(self.spike_policy)) if self.spike_policy else None
-        return JsonlTracker(self.path, policy, self.summary_path)
+        curve = Curve.from_json(json.loads(self.prediction)) if self.prediction else None
+        return JsonlTracker(self.path, policy, self.summary_path, curve)
 
 
 # -- the Mixtral fix ----------------------------------------------------------------------------------

@@ -129,6 +129,12 @@ def _collect(
             refs.versioned[path] = inner if simple else to_plain(step, path, inner, strict=True)
         return plain
     if isinstance(value, OutputOf):
+        if in_versioned and not value.identity:
+            raise StepDeclarationError(
+                step,
+                "output_of(..., identity=False) cannot be versioned: it stays out of identity",
+                field=path,
+            )
         refs.inputs[path] = value
         return value
     if isinstance(value, ThisOutput):

@@ -277,7 +277,9 @@ def _build_dag(roots: Sequence[Step], prefix: str) -> Dag:
     order = graph.depth_first_order(edges, list(roots))
     identities: dict[Step, Identity] = {}
     for step in order:
-        upstream = {path: (identities[up].hash, ph.sub) for path, (up, ph) in inputs[step].items()}
+        upstream = {
+            path: (identities[up].hash, ph.sub) for path, (up, ph) in inputs[step].items() if ph.identity
+        }
         identities[step] = compute_identity(step.name, step.version, refs[step].versioned, upstream, prefix)
     nodes = _collapse(order, identities, refs, inputs, prefix)
     root_labels = tuple(dict.fromkeys(identities[s].label for s in roots))

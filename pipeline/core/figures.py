@@ -13,7 +13,14 @@ from typing import Any
 
 from pipeline.core.numbers import finite_number, usable_time
 
-__all__ = ["FIGURES", "INTERVENTION_NAMES", "figures_text", "live_figures"]
+__all__ = [
+    "FIGURES",
+    "INTERVENTION_NAMES",
+    "figures_text",
+    "live_figures",
+    "prediction_figure",
+    "prediction_text",
+]
 
 FIGURES = ("loss", "tokens_per_second", "mfu", "steps_per_second", "eta_seconds", "checkpoint_step")
 """Numbers a step may report in its `.progress` data, shown when present."""
@@ -33,7 +40,8 @@ def live_figures(progress: Mapping[str, Any], now: float) -> dict[str, Any]:
     """The figures of a `.progress` record (`done`, `total`, `unit`, `time`, `data`): step and
     total (for a unit of steps), loss, tokens/s, MFU (where the hardware's peak is known), steps/s,
     the estimated seconds to finish (counted down since the report), the last checkpoint's step
-    and age, and the non-zero counters of spikes, NaN/Inf losses, skipped updates and rewinds."""
+    and age, the latest evaluation against the predicted eval loss, and the non-zero counters of
+    spikes, NaN/Inf losses, skipped updates and rewinds."""
     data = progress.get("data")
     out: dict[str, Any] = {}
     if progress.get("unit") == "steps":
@@ -50,6 +58,9 @@ def live_figures(progress: Mapping[str, Any], now: float) -> dict[str, Any]:
         out["eta_seconds"] = max(0.0, out["eta_seconds"] - age)
     if usable_time(data.get("checkpoint_time")):
         out["checkpoint_age_seconds"] = max(0.0, now - data["checkpoint_time"])
+    predicted = prediction_figure(data.get("prediction"))
+    if predicted is not None:
+        out["prediction"] = predicted
     counts = data.get("interventions")
     if isinstance(counts, Mapping):
         counts = {k: v for k, v in counts.items() if type(v) is int and finite_number(v) and v}
@@ -71,11 +82,39 @@ def figures_text(figures: Mapping[str, Any], *, running: bool = True) -> list[st
             parts.append(f"ETA {duration(figures['eta_seconds'])}")
         if "checkpoint_age_seconds" in figures:
             parts.append(f"ckpt {duration(figures['checkpoint_age_seconds'])} ago")
+    if "prediction" in figures:
+        parts.append(prediction_text(figures["prediction"]))
     counts = figures.get("interventions") or {}
     if counts:
         names = {k: INTERVENTION_NAMES.get(k, (k, k)) for k in counts}
         parts.append(", ".join(f"{n} {names[k][0] if n == 1 else names[k][1]}" for k, n in counts.items()))
     return parts
+
+
+def prediction_figure(value: Any) -> dict[str, Any] | None:
+    """A report's `prediction` (the latest evaluation against the predicted eval loss: `step`,
+    `measured`, `predicted`, `low`, `high`, `outside`), or None if it is missing or unusable."""
+    if not isinstance(value, Mapping):
+        return None
+    numbers = ("measured", "predicted", "low", "high")
+    if not all(finite_number(value.get(k)) and value[k] > 0 for k in numbers):
+        return None
+    outside = value.get("outside")
+    return {
+        **{k: float(value[k]) for k in numbers},
+        "step": value.get("step") if type(value.get("step")) is int else None,
+        "outside": outside if type(outside) is int and outside >= 0 else 0,
+    }
+
+
+def prediction_text(figure: Mapping[str, Any]) -> str:
+    """`on prediction`, `eval 4.2% above prediction` (with `3 evals outside` once it stays there)."""
+    measured, predicted = figure["measured"], figure["predicted"]
+    if figure["low"] <= measured <= figure["high"]:
+        return "on prediction"
+    side = "above" if measured > figure["high"] else "below"
+    text = f"eval {abs(measured / predicted - 1):.1%} {side} prediction"
+    return text + (f" ({figure['outside']} evals outside)" if figure["outside"] > 1 else "")
 
 
 def compact(value: float) -> str:

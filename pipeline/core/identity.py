@@ -6,7 +6,8 @@
 shown as `name-<12 hex>`. Upstream identities enter by hash, so a deep DAG costs one hash per
 step. Strings that point under the storage prefix are written relative to it (`${prefix}/...`),
 so the same recipe under `gs://a` and `s3://b` has the same identities. Resources, unversioned
-fields and the `blocking` flag of an input never enter identity. No I/O here.
+fields, the `blocking` flag of an input and inputs declared `identity=False` (a path the step
+only consults) never enter identity. No I/O here.
 """
 
 from __future__ import annotations

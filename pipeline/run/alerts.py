@@ -5,7 +5,8 @@
 
 What is sent, one message each: a step that failed for good (its retries spent, a divergence
 among them), a hang the watchdog found, a step preempted again and again (at its 3rd, 10th,
-100th... preemption), a training's rewind (seen in its progress reports), and the run's end. The
+100th... preemption), what a step's progress reports ask to be told of (a training's rewind, its
+eval loss leaving the predicted interval: their `alerts`), and the run's end. The
 body is `{"text": "...", "drydock": {"kind", "experiment", "step", "run_id"}}`: Slack shows the
 text, anything else can read the rest.
 

@@ -158,7 +158,7 @@ class _Execution:
         )
         self.watchdog = Watchdog(store, self._on_hang, on_report=self._on_report, clock=clock)
         self.hung: dict[str, Hang] = {}
-        self.rewinds: dict[str, int] = {}
+        self.alerted: dict[str, dict[str, int]] = {}
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -472,13 +472,24 @@ class _Execution:
         self.backend.cancel(label)
 
     def _on_report(self, label: str, report: Mapping[str, Any]) -> None:
-        """A watched step's new progress report: tell people of a new rewind."""
+        """A watched step's new progress report: tell people of what it asks to be told of.
+
+        A step lists such things in its report's `alerts`, `{kind: {"count": n, "message": ...}}`
+        (a training's rewinds, its eval loss leaving the predicted interval); each is sent once
+        per new count."""
         data = report.get("data")
-        counts = data.get("interventions") if isinstance(data, Mapping) else None
-        rewinds = counts.get("rewinds", 0) if isinstance(counts, Mapping) else 0
-        if isinstance(rewinds, int) and rewinds > self.rewinds.get(label, 0):
-            self.rewinds[label] = rewinds
-            self._alert("rewind", label, f"rewind {rewinds} (at step {report.get('done')}): see its .status")
+        alerts = data.get("alerts") if isinstance(data, Mapping) else None
+        if not isinstance(alerts, Mapping):
+            return
+        for kind, entry in alerts.items():
+            count = entry.get("count") if isinstance(entry, Mapping) else None
+            if type(count) is not int or not isinstance(kind, str):
+                continue
+            seen = self.alerted.setdefault(label, {})
+            if count > seen.get(kind, 0):
+                seen[kind] = count
+                message = entry.get("message")
+                self._alert(kind, label, f"{message if isinstance(message, str) else kind}: see its .status")
 
     def _run_and_commit(self, label: str, attempt: int, token: int, started: float) -> _Event:
         """Run the step function through the backend, check it wrote output, commit SUCCESS."""
@@ -492,7 +503,7 @@ class _Execution:
         try:
             self._run_task(label, attempt, token, config)
         finally:
-            self.watchdog.forget(label)
+            self.watchdog.finish(label)
         if label in self.lost:
             raise StepCancelled(label)
         if not self.store.has_payload(step_dir):

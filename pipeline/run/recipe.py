@@ -125,6 +125,7 @@ def encode_value(
             "ref": "name" if by_name else "label",
             "sub": value.sub,
             "blocking": value.blocking,
+            **({} if value.identity else {"identity": False}),
         }
     if isinstance(value, ThisOutput):
         return {"__this_output__": value.sub}
@@ -304,7 +305,9 @@ def decode_value(
                     field=path,
                 )
             target = steps[upstream]
-        return OutputOf(target, data.get("sub"), data.get("blocking", True))
+        return OutputOf(
+            target, data.get("sub"), data.get("blocking", True), data.get("identity", True) is not False
+        )
     if "__this_output__" in data:
         return ThisOutput(data["__this_output__"])
     if "__float__" in data:

@@ -91,6 +91,7 @@ class Watchdog:
         self._dump_wait, self._clock = dump_wait, clock
         self._watched: dict[str, _Watched] = {}
         self._lock = threading.Lock()
+        self._reporting = threading.Lock()  # one on_report at a time: the thread's and finish's
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -105,6 +106,23 @@ class Watchdog:
     def forget(self, label: str) -> None:
         with self._lock:
             self._watched.pop(label, None)
+
+    def finish(self, label: str) -> None:
+        """Stop watching `label`'s attempt, which has ended, after one last look at its progress:
+        what it reported since the last look (an alert it asks for at its end) is not lost."""
+        with self._lock:
+            w = self._watched.pop(label, None)
+        if w is None or self._on_report is None:
+            return
+        try:
+            report = self._store.read_progress(w.step_dir)
+        except Exception as e:  # the step has ended: a missed report is not worth failing it
+            logger.warning("watchdog: cannot look at %s: %s", label, e)
+            return
+        if report is not None and report.get("token") == w.token:
+            if (float(report["done"]), float(report["time"])) != w.last:
+                with self._reporting:
+                    self._on_report(label, report)
 
     def stop(self) -> None:
         self._stop.set()
@@ -142,7 +160,8 @@ class Watchdog:
                     w.reports.append(mark)
                 w.last, w.unit, w.seen_at, w.requested = mark, str(report.get("unit") or ""), now, None
                 if self._on_report is not None:
-                    self._on_report(w.label, report)
+                    with self._reporting:
+                        self._on_report(w.label, report)
         per_unit = _per_unit(w.reports)
         bound = w.policy.bound(per_unit, w.fixed, reported=w.last is not None)
         stalled = now - w.seen_at

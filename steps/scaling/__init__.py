@@ -539,15 +539,18 @@ def preview(config: ScalingFitConfig) -> str:
     rows = [_row(p) for p in config.points]
     target = _row(config.target)
     width = max(len(r["label"]) for r in [*rows, target]) + 2
+    # Columns as wide as their largest number, and two spaces more.
+    n_width = max(len(f"{r['active_non_embedding_params']:,}") for r in [*rows, target]) + 2
+    d_width = max(len(f"{r['tokens']:,}") for r in [*rows, target]) + 2
     lines = [
         f"fit {', '.join([*config.laws, *(['isoflop'] if config.isoflop else [])])} to {len(rows)} points "
         f"(N: active non-embedding parameters, D: tokens); check each on the {config.pre_check} largest; "
         f"predict the target with a {config.level:.0%} interval",
-        f"  {'point':<{width}}{'N':>12}{'D':>14}{'6ND (FLOPs)':>14}",
+        f"  {'point':<{width}}{'N':>{n_width}}{'D':>{d_width}}{'6ND (FLOPs)':>14}",
     ]
     for r in [*rows, target]:
         lines.append(
-            f"  {r['label']:<{width}}{r['active_non_embedding_params']:>12,}{r['tokens']:>14,}"
+            f"  {r['label']:<{width}}{r['active_non_embedding_params']:>{n_width},}{r['tokens']:>{d_width},}"
             f"{r['compute_flops']:>14.3g}"
         )
     lines[-1] += "  <- target" + ("" if config.target.evaluation is not None else " (not trained)")

@@ -17,6 +17,7 @@ extrapolation beyond a size's own runs is done to build a profile.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ __all__ = [
     "fit_isoflop",
     "isoflop_interval",
     "isoflop_profiles",
+    "predictor_from_dict",
 ]
 
 MIN_SIZES = 3
@@ -112,10 +114,27 @@ class IsoflopFit:
             "profiles": rows,
             "loss_law": {"log_L_star": f"{self.loss_law[0]:.4f} + {self.loss_law[1]:.4f} log C"},
             "size_law": {"log_N_star": f"{self.size_law[0]:.4f} + {self.size_law[1]:.4f} log C"},
+            # The same laws as numbers, (intercept, slope): what `from_dict` rebuilds a predictor from.
+            "loss_law_coefficients": list(self.loss_law),
+            "size_law_coefficients": list(self.size_law),
             "loss_exponent": self.loss_law[1],
             "size_exponent": self.size_law[1],
             "curvature": self.curvature,
         }
+
+
+def predictor_from_dict(entry: Mapping[str, Any]) -> Callable[[float, float], float]:
+    """`predict(n, d)` of a fit.json IsoFLOP entry (`IsoflopFit.as_dict`), without its profiles."""
+    loss_a, loss_b = (float(v) for v in entry["loss_law_coefficients"])
+    size_a, size_b = (float(v) for v in entry["size_law_coefficients"])
+    curvature = max(float(entry["curvature"]), 0.0)
+
+    def predict(n: float, d: float) -> float:
+        log_c = math.log(6.0 * n * d)
+        best_log_n = size_a + size_b * log_c
+        return math.exp(loss_a + loss_b * log_c) + curvature * (math.log(n) - best_log_n) ** 2
+
+    return predict
 
 
 def _interpolate(log_d: np.ndarray, log_loss: np.ndarray, x: float) -> float:

@@ -251,7 +251,9 @@ def test_a_nan_on_one_hosts_data_rewinds_both_hosts(cluster, experiment, data_pr
     # The operators heard of the rewind while it ran (issue 31, part 2), and of the run's end.
     kinds = [m["body"]["drydock"]["kind"] for m in received]
     assert kinds == ["rewind", "finished"], received
-    assert received[0]["body"]["text"].startswith("[drydock] gang_exp: rewind train/gang: rewind 1 (at step")
+    assert received[0]["body"]["text"].startswith(
+        "[drydock] gang_exp: rewind train/gang: rewind 1: loss NaN at step 15: rewound to step 10"
+    )
     # Both hosts left the loop at step 15 and trained on from step 11 (nothing hung).
     for host in (0, 1):
         assert (

@@ -478,6 +478,32 @@ def test_soft_deps_keep_their_order() -> None:
     assert node.soft_deps == (names["b"], names["c"])
 
 
+# identity=False
+
+
+def test_an_input_outside_identity_is_waited_for_but_never_reruns_the_step() -> None:
+    def labels(fit_value: int) -> dict[str, str]:
+        fit = mk("fit", fit_value)
+        return by_name(build_dag([mk("train", 0, output_of(fit, "fit.json", identity=False))], PREFIX))
+
+    one, two = labels(1), labels(2)
+    assert one["fit"] != two["fit"]  # the consulted step changed...
+    assert one["train"] == two["train"]  # ...the step that consults it did not
+    assert one["train"] == by_name(build_dag([mk("train", 0)], PREFIX))["train"]
+    dag = build_dag([mk("train", 0, output_of(mk("fit", 1), identity=False))], PREFIX)
+    node = dag.nodes[by_name(dag)["train"]]
+    assert node.deps == (by_name(dag)["fit"],)  # it still waits for the fit
+    assert (mk("fit", 1) / "x").identity is True
+    assert OutputOf(mk("fit", 1), None, True, False).__truediv__("x").identity is False
+
+
+def test_an_input_outside_identity_cannot_be_versioned() -> None:
+    step = mk("train", versioned(output_of(mk("fit", 1), identity=False)))
+    with pytest.raises(StepDeclarationError) as excinfo:
+        build_dag([step], PREFIX)
+    assert "identity=False) cannot be versioned" in message(excinfo) and "`value`" in message(excinfo)
+
+
 # step / "sub"
 
 

@@ -63,7 +63,12 @@ def rich_dag(prefix: str):
         write_value,
         RichConfig(
             output=this_output("out"),
-            inputs=[output_of(a, "value.json"), output_of("data/b", blocking=False), b / "x"],
+            inputs=[
+                output_of(a, "value.json"),
+                output_of("data/b", blocking=False),
+                b / "x",
+                output_of(b, "y", identity=False),
+            ],
             inner=versioned(Inner(rate=3e-4, tags=("x", "y"))),
             weights={"web": versioned(0.7), "code": 0.3},
             color=versioned(Color.BLUE),
@@ -103,7 +108,8 @@ def test_every_kind_of_config_value_comes_back_with_the_same_identity():
     assert config.special == (math.inf, -math.inf, 1.5)
     assert config.odd_keys == {"__tuple__": 1, "__versioned__": 2}
     assert config.where == PurePosixPath("a/b") and config.inner.value.tags == ("x", "y")
-    assert config.derived == original.derived == 3
+    assert config.derived == original.derived == 4
+    assert config.inputs[3].identity is False and config.inputs[2].identity is True
     assert len(steps) == 3
 
 

@@ -107,6 +107,36 @@ def test_a_stalled_attempt_is_asked_for_stacks_then_reported_naming_the_odd_host
     assert len(hangs) == 1
 
 
+def test_each_new_report_is_passed_on_and_the_last_one_too_when_the_attempt_ends(tmp_path):
+    step_dir = tmp_path / "train-0123456789ab"
+    step_dir.mkdir()
+    store, clock, seen = StepStore(LocalStorage()), Clock(), []
+    dog = Watchdog(
+        store, lambda label, hang: None, on_report=lambda label, r: seen.append(r["done"]), clock=clock
+    )
+    dog.watch("train", str(step_dir), 7, HangPolicy(), None)
+
+    def report(done: int, token: int = 7) -> None:
+        record = {"done": done, "total": 9, "unit": "steps", "time": 100.0 + done, "token": token}
+        (step_dir / ".progress").write_text(json.dumps(record))
+
+    report(1)
+    dog.check()
+    dog.check()  # the same report: not passed on again
+    report(2)
+    dog.check()
+    report(3)  # written after the last look, just before the attempt ended
+    dog.finish("train")
+    assert seen == [1, 2, 3]
+    report(4)
+    dog.check()
+    dog.finish("train")  # no longer watched: nothing more
+    assert seen == [1, 2, 3]
+    dog.watch("train", str(step_dir), 8, HangPolicy(), None)
+    dog.finish("train")  # another attempt's report (token 7) is not this one's
+    assert seen == [1, 2, 3]
+
+
 def test_a_hung_step_is_stopped_its_stacks_saved_and_retried(tmp_path):
     step = Step(
         "hang/once",
