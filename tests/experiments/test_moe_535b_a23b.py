@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -32,7 +34,8 @@ def test_the_plan_lists_every_step_with_parameters_tokens_and_steps(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     steps = {s["name"]: s for s in json.loads(result.stdout)["steps"]}
-    assert len(steps) == 19 and {s["state"] for s in steps.values()} == {"RUN"}
+    # 19 steps of the run itself, and its scaling ladder: 15 trainings, 15 evaluations, one fit.
+    assert len(steps) == 50 and {s["state"] for s in steps.values()} == {"RUN"}
     # Raw data is curated before it is tokenized: dedupe, then decontaminate, per component.
     assert {n for n in steps if n.startswith(("dedupe/", "decontaminate/"))} == {
         f"{kind}/{c}"
@@ -53,6 +56,9 @@ def test_the_plan_lists_every_step_with_parameters_tokens_and_steps(tmp_path):
     assert train["mesh"] == "data 88 x expert 8 (704 GB200)"
     assert train["memory per device"].startswith("120.9 GiB of 173.2 GiB (70%)")
     assert train["time"] == "40 days at 40% MFU"
+    assert train["predicted eval loss"] == "from scaling/535b-ladder, once it has run"
+    ladder = [s for n, s in steps.items() if n.startswith("train/535b-ladder/")]
+    assert len(ladder) == 15 and all("(704 GB200)" in s["mesh"] for s in ladder)
     preview = steps["mixture/535b-a23b"]["preview"]
     assert "3 phase(s)" in preview and "from step 108,000:" in preview and "from step 312,192:" in preview
     # The standard base-model tasks, declared by registry name and shots, their data elsewhere.
@@ -97,3 +103,37 @@ def test_the_schedule_and_model_follow_the_published_run():
     assert (model.hidden_dim, model.num_layers, model.num_heads, model.head_dim) == (6144, 48, 48, 128)
     assert (model.num_experts, model.num_experts_per_token, model.qk_norm) == (384, 12, True)
     assert recipe_file.VOCAB_SIZE == 128_256 and recipe_file.SEQ_LEN == 4_096
+
+
+def test_the_plan_shows_the_predicted_final_loss_once_the_ladder_is_fitted(tmp_path):
+    """The ladder's evaluations as evaluate writes them (losses of a Chinchilla law, Hoffmann et
+    al.'s parameters), the real fit step run on them, then `drydock plan`: offline, the training
+    shows the fit's prediction for it."""
+    import experiments.moe_535b_a23b as recipe_file
+    from pipeline.core.dag import build_dag, resolved_config
+    from steps.scaling import LawFit, active_non_embedding_params, scaling_fit
+
+    law = LawFit.of("chinchilla", E=1.69, A=406.4, alpha=0.34, B=410.7, beta=0.28)
+    dag = build_dag([recipe_file.evaluation, recipe_file.tasks], str(tmp_path))
+    (label,) = [label for label, node in dag.nodes.items() if node.name == "scaling/535b-ladder"]
+    config = resolved_config(dag, label)
+    for point in config.points:
+        os.makedirs(point.evaluation)
+        loss = float(law.predict(active_non_embedding_params(point.model), point.tokens))
+        Path(point.evaluation, "results.json").write_text(json.dumps({"average": {"loss": loss}}))
+    fit = scaling_fit(config)["target"]
+    true = float(law.predict(fit["active_non_embedding_params"], fit["tokens"]))
+    assert fit["predicted_loss"] == pytest.approx(true, rel=0.005)  # 780x the ladder's compute
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", "plan", "experiments/moe_535b_a23b.py", "--prefix", str(tmp_path)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (
+        f"predicted eval loss: {fit['predicted_loss']:.4f}, 90% interval [{fit['interval']['low']:.4f}, "
+        f"{fit['interval']['high']:.4f}] at the end ({fit['method']} fit of scaling/535b-ladder)"
+    ) in result.stdout

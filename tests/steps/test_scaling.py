@@ -60,6 +60,18 @@ def test_fit_recovers_a_known_law_from_noisy_points():
     assert len(quality["residuals"]) == n.size
 
 
+def test_fit_recovers_a_known_law_at_the_sizes_of_a_real_ladder():
+    # The hero's ladder: N of 4e7 to 2.6e9, D of 4.6e10 to 1.8e11. The grid's best starts alone all
+    # shared exponents whose D term is flat there and ended 14% off at the hero's size.
+    law = LawFit.of("chinchilla", E=1.69, A=406.4, alpha=0.34, B=410.7, beta=0.28)  # Hoffmann et al.
+    n, d = np.meshgrid(np.geomspace(4.2e7, 2.6e9, 5), np.array([4.6e10, 9.2e10, 1.85e11]))
+    n, d = n.ravel(), d.ravel()
+    fit = fit_law(n, d, law.predict(n, d), form="chinchilla")
+    for name, value in law.as_dict().items():
+        assert fit.as_dict()[name] == pytest.approx(value, rel=0.01), name
+    assert fit.predict(2.1e10, 1.8e13) == pytest.approx(law.predict(2.1e10, 1.8e13), rel=1e-4)
+
+
 def test_kaplan_form_recovers_an_interacting_law_that_chinchilla_cannot_extrapolate():
     n, d, loss = grid(noise=0.002, law=TRUE_KAPLAN)
     kaplan, chinchilla = fit_law(n, d, loss, form="kaplan"), fit_law(n, d, loss, form="chinchilla")
