@@ -34,7 +34,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["SECRET_FLAGS", "Notifier", "check_webhook", "redact_argv"]
+__all__ = ["SECRET_FLAGS", "AlertLog", "Notifier", "check_webhook", "redact_argv"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +67,23 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
     return out
 
 
+class AlertLog:
+    """The alerts a run sent, kept at `<prefix>/experiments/alerts/<run id>.jsonl` (the run page
+    lists a step's): one JSON line each, the whole file rewritten as one grows (object stores cannot
+    append; alerts are few, rate-limited to `per_minute`)."""
+
+    def __init__(self, storage: Any, path: str, keep: int = 1000) -> None:
+        self._storage, self._path, self._keep = storage, path, keep
+        self._lines: list[str] = []
+        self._lock = threading.Lock()
+
+    def add(self, entry: dict[str, Any]) -> None:
+        with self._lock:
+            self._lines.append(json.dumps(entry, default=str))
+            del self._lines[: -self._keep]
+            self._storage.write(self._path, ("\n".join(self._lines) + "\n").encode())
+
+
 def _post(url: str, body: bytes, timeout: float) -> None:
     request = urllib.request.Request(
         url, data=body, headers={"Content-Type": "application/json"}, method="POST"
@@ -89,8 +106,11 @@ class Notifier:
         timeout: float = 10.0,
         clock: Callable[[], float] = time.time,
         send: Callable[[str, bytes, float], None] = _post,
+        record: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self._url, self._experiment, self._run_id = url, experiment, run_id
+        self._record = record
+        """Told of every alert: sent (and whether the webhook took it) or held back."""
         self._per_minute, self._repeat_after, self._timeout = per_minute, repeat_after, timeout
         self._clock, self._send = clock, send
         self._where = urllib.parse.urlsplit(url).netloc  # what logs may show of the URL
@@ -98,7 +118,7 @@ class Notifier:
         self._last: dict[tuple[str, str], float] = {}
         self._held = 0
         self._lock = threading.Lock()
-        self._queue: queue.Queue[bytes | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[bytes, dict[str, Any]] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="drydock-alerts", daemon=True)
         self._thread.start()
         self.delivered = 0
@@ -114,6 +134,9 @@ class Notifier:
             repeat = now - self._last.get(key, float("-inf")) < self._repeat_after
             if not force and (repeat or len(self._sent) >= self._per_minute):
                 self._held += 1
+                self._note(
+                    {"time": now, "kind": kind, "step": step, "text": text, "delivered": None, "held": True}
+                )
                 return False
             self._last[key] = now
             self._sent.append(now)
@@ -124,24 +147,44 @@ class Notifier:
             "text": f"[drydock] {self._experiment}: {kind}{where}: {text}{more}",
             "drydock": {"kind": kind, "experiment": self._experiment, "step": step, "run_id": self._run_id},
         }
-        self._queue.put(json.dumps(body).encode())
+        entry = {
+            "time": now,
+            "kind": kind,
+            "step": step,
+            "text": body["text"],
+            "delivered": None,
+            "held": False,
+        }
+        self._queue.put((json.dumps(body).encode(), entry))
         return True
+
+    def _note(self, entry: dict[str, Any]) -> None:
+        if self._record is None:
+            return
+        try:
+            self._record(entry)
+        except Exception as e:  # a record is for people reading later: never worth failing the run
+            logger.warning("could not record an alert: %s", e)
 
     def _loop(self) -> None:
         while True:
-            body = self._queue.get()
-            if body is None:
+            item = self._queue.get()
+            if item is None:
                 return
+            body, entry = item
             for attempt in range(3):
                 try:
                     self._send(self._url, body, self._timeout)
                     self.delivered += 1
+                    entry["delivered"] = True
                     break
                 except (OSError, urllib.error.URLError, ValueError) as e:
                     if attempt == 2:
                         logger.warning("alert not delivered to the webhook at %s: %s", self._where, e)
+                        entry.update(delivered=False, error=str(e).replace(self._url, "<webhook>"))
                     else:
                         time.sleep(0.5 * (attempt + 1))
+            self._note(entry)
 
     def close(self, timeout: float = 30.0) -> None:
         """Send what is queued (waiting at most `timeout` seconds), then stop."""

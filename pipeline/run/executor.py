@@ -390,8 +390,15 @@ class _Execution:
                 )
             elif kind is not Ending.PREEMPTED:
                 self.crashes.reset(label)
+            # Why, in a word, for the run page's list of attempts.
+            cause = "hung" if hang is not None else "crash loop" if loop is not None else _CAUSES[kind]
             self.store.append(
-                step_dir, self.owner, token, status, message, data={"traceback": tb} if tb else None
+                step_dir,
+                self.owner,
+                token,
+                status,
+                message,
+                data={"cause": cause, **({"traceback": tb} if tb else {})},
             )
             return _Event(label, kind, message, tb, started=started, ended=self.clock())
         finally:
@@ -553,6 +560,9 @@ def _format_traceback(error: BaseException) -> str:
         return "".join(traceback.format_exception(error))
     except BaseException:
         return repr(error)
+
+
+_CAUSES = {Ending.PREEMPTED: "lost machine", Ending.FAILED: "error", Ending.CANCELLED: "interrupted"}
 
 
 def _classify(error: BaseException) -> tuple[Ending, str, str, str | None]:

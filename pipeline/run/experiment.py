@@ -25,7 +25,7 @@ from pipeline.core.plan import Plan, State, make_plan
 from pipeline.core.records import Event, StepRecord
 from pipeline.core.report import RunReport
 from pipeline.errors import StorageError
-from pipeline.run.alerts import Notifier
+from pipeline.run.alerts import AlertLog, Notifier
 from pipeline.run.backends import make_backend
 from pipeline.run.console import RunConsole
 from pipeline.run.executor import ExecutionOptions, Reporter, execute
@@ -35,6 +35,7 @@ from pipeline.run.options import ExecutorMainConfig, notify_url, resolve_prefix,
 from pipeline.run.provenance import drift_digest_of, environment_info, step_info
 from pipeline.step import Step
 from pipeline.storage.files import open_storage
+from pipeline.storage.layout import alerts_path
 from pipeline.storage.manifests import experiment_name, manifest_path, run_record_path
 from pipeline.storage.step_store import StepStore
 
@@ -145,7 +146,10 @@ def run_experiment(
             store.storage.write(path, first)
             store.storage.write(history, first)
     url = notify_url(config)
-    alerts = Notifier(url, name, owner.run_id) if url is not None and needs_backend else None
+    alerts = None
+    if url is not None and needs_backend:
+        log = AlertLog(store.storage, alerts_path(dag.prefix, owner.run_id))
+        alerts = Notifier(url, name, owner.run_id, record=log.add)
     options = ExecutionOptions(
         max_concurrent=config.max_concurrent or backend.default_concurrency(),
         lease_timeout=config.lease_timeout,

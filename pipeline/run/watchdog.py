@@ -119,10 +119,10 @@ class Watchdog:
         except Exception as e:  # the step has ended: a missed report is not worth failing it
             logger.warning("watchdog: cannot look at %s: %s", label, e)
             return
-        if report is not None and report.get("token") == w.token:
-            if (float(report["done"]), float(report["time"])) != w.last:
-                with self._reporting:
-                    self._on_report(label, report)
+        fresh = report is not None and report.get("token") == w.token
+        if fresh and (float(report["done"]), float(report["time"])) != w.last:  # type: ignore[index]
+            with self._reporting:
+                self._on_report(label, report)  # type: ignore[arg-type]
 
     def stop(self) -> None:
         self._stop.set()

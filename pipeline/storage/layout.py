@@ -11,6 +11,7 @@
     <prefix>/experiments/<experiment>-<hash>.json   run manifests (pipeline.storage.manifests): the
                                                     latest run of that DAG
     <prefix>/experiments/runs/<experiment>-<hash>/<run id>.json   every run's own record
+    <prefix>/experiments/alerts/<run id>.jsonl     the alerts a run sent (--notify)
 
 Path helpers join with `/` (fsspec URLs and local paths alike). No I/O here.
 """
@@ -23,6 +24,7 @@ from pipeline.core.dag import join_path
 from pipeline.core.identity import HASH_CHARS, NAME_PART
 
 __all__ = [
+    "ALERTS_DIR",
     "HIDDEN_FILES",
     "LABEL",
     "LEASE",
@@ -34,6 +36,7 @@ __all__ = [
     "STEP_DIR_MARKERS",
     "STEP_JSON",
     "TMP_PREFIX",
+    "alerts_path",
     "dump_request_name",
     "is_label",
     "is_payload",
@@ -60,11 +63,18 @@ STEP_DIR_MARKERS = frozenset({STATUS, STEP_JSON, LEASE})
 """A directory holding any of these is a step directory."""
 MANIFEST_DIR = "experiments"
 """Run manifests live in `<prefix>/experiments/`."""
+ALERTS_DIR = "alerts"
+"""`<prefix>/experiments/alerts/<run id>.jsonl`: the alerts a run sent (`pipeline.run.alerts`)."""
 
 _HASH = rf"[0-9a-f]{{{HASH_CHARS}}}"
 LABEL = re.compile(rf"^{NAME_PART}(/{NAME_PART})*-{_HASH}$")
 """A step label: a slash-separated name, `-`, and the first HASH_CHARS hex digits of its identity."""
 _ENTRY = re.compile(rf"^(.+)-({_HASH})$")
+
+
+def alerts_path(prefix: str, run_id: str) -> str:
+    """Where the run `run_id` records the alerts it sent."""
+    return f"{join_path(prefix, MANIFEST_DIR)}/{ALERTS_DIR}/{run_id}.jsonl"
 
 
 def step_dir(prefix: str, label: str) -> str:

@@ -39,6 +39,7 @@ from pipeline.core.numbers import finite_number, usable_time
 from pipeline.errors import StorageError
 from pipeline.observe.dag_render import DagNode, state_color, to_svg
 from pipeline.observe.dashboard import data, is_loopback
+from pipeline.observe.dashboard.run_page import RunPage, read_run_page
 from pipeline.observe.render import is_table
 from pipeline.storage.files import Storage, open_storage
 from pipeline.storage.step_store import StepStore
@@ -295,6 +296,7 @@ def _step_context(storage: Storage, prefix: str, detail: data.StepDetail) -> dic
             lines = text.splitlines()
             latest_log = (detail.logs[-1], "\n".join(lines[-LOG_TAIL_LINES:]), len(lines) > LOG_TAIL_LINES)
     info = detail.step_json or {}
+    run = _run_page(storage, prefix, detail)
     chart = None
     if detail.metrics is not None:
         planned = (info.get("summary") or {}).get("num_train_steps")
@@ -308,9 +310,16 @@ def _step_context(storage: Storage, prefix: str, detail: data.StepDetail) -> dic
             "events": [dict(e) for e in detail.metrics.events],
             # While training runs, the x-axis spans the planned steps: how far along it is shows.
             "planned_steps": planned if isinstance(planned, int) else None,
+            # The predicted eval loss and its band, where the training was given one.
+            "prediction": run.prediction["points"] if run.prediction else None,
+            "tokens_per_second": list(detail.metrics.tokens_per_second),
+            "mfu": list(detail.metrics.mfu),
+            "step_seconds": detail.metrics.step_seconds,
         }
     return {
         "detail": detail,
+        "run": run,
+        "throughput": _throughput(detail.metrics),
         "latest_log": latest_log,
         "chart": chart,
         "last_metrics": _finite(dict(detail.metrics.last)) if detail.metrics else {},
@@ -319,6 +328,20 @@ def _step_context(storage: Storage, prefix: str, detail: data.StepDetail) -> dic
         "failure": _failure(detail),
         "refresh": REFRESH_SECONDS if detail.state == "RUNNING" and not detail.stale else None,
     }
+
+
+def _run_page(storage: Storage, prefix: str, detail: data.StepDetail) -> RunPage:
+    """The run page's sections of a step (`run_page`): prediction, hosts, attempts, alerts, logs."""
+    info = detail.step_json or {}
+    name = info.get("name") if isinstance(info.get("name"), str) else None
+    directory = f"{prefix.rstrip('/')}/{detail.label}"
+    return read_run_page(
+        storage, prefix, directory, name, detail.events, detail.logs, detail.metrics, time.time()
+    )
+
+
+def _throughput(metrics: data.Metrics | None) -> bool:
+    return metrics is not None and any(v is not None for v in (*metrics.tokens_per_second, *metrics.mfu))
 
 
 def _host_name(header: str) -> str:
@@ -398,6 +421,7 @@ def _add_api(app: FastAPI, store: StepStore, prefix: str) -> None:
     @app.get("/api/steps/{label:path}")
     def api_step(label: str) -> JSONResponse:
         try:
-            return JSONResponse(_plain(data.read_step(store, prefix, label)))
+            detail = data.read_step(store, prefix, label)
         except data.NotFound as e:
             return JSONResponse({"error": str(e)}, status_code=404)
+        return JSONResponse({**_plain(detail), "run": _plain(_run_page(store.storage, prefix, detail))})

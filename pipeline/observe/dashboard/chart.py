@@ -34,7 +34,14 @@ CACHED_SEGMENTS = 4096
 """Summaries kept (about 300 KB each for a 1 MiB segment): a few hero runs' worth."""
 
 # Chart slots: the value a step's merged record would have for each, aliases applied.
-_SLOTS = (("train/loss", "loss"), ("optim/learning_rate", "learning_rate"), ("eval/loss", "eval/loss"))
+_SLOTS = (
+    ("train/loss", "loss"),
+    ("optim/learning_rate", "learning_rate"),
+    ("eval/loss", "eval/loss"),
+    ("throughput/tokens_per_second", "tokens_per_second"),
+    ("throughput/mfu", "mfu"),
+    ("wall_time", "wall_time"),
+)
 _ABSENT: Any = object()
 """A slot no line has set (unlike a value of null, which a later line may set)."""
 
@@ -154,6 +161,15 @@ def read_chart(
         return None if value is _ABSENT else value
 
     evaluated = [s for s in ordered if values[s][2] is not _ABSENT]
+    # Seconds per step: between the records of consecutive steps (a step's record is written when
+    # it ends), so a gap from a restart or a rewind, where steps are not consecutive in time, is
+    # left out; so are pauses for evaluations and checkpoints only where they fall between steps.
+    walls = {s: number(slot(s, 5)) for s in ordered}
+    step_seconds = [
+        b - a
+        for s in ordered
+        if (a := walls[s]) is not None and (b := walls.get(s + 1)) is not None and b > a
+    ]
 
     return Metrics(
         steps=tuple(shown),
@@ -164,7 +180,45 @@ def read_chart(
         eval_steps=tuple(evaluated),
         eval_loss=tuple(number(slot(s, 2)) for s in evaluated),
         events=tuple(event(e) for e in events),
+        tokens_per_second=tuple(number(slot(s, 3)) for s in shown),
+        mfu=tuple(number(slot(s, 4)) for s in shown),
+        step_seconds=step_time_summary(step_seconds),
     )
+
+
+STEP_TIME_BINS = 20
+
+
+def step_time_summary(seconds: list[float]) -> dict[str, Any] | None:
+    """Percentiles and a histogram (log-spaced bins: a slow step is often 10x a typical one) of the
+    seconds per step; None for fewer than two."""
+    if len(seconds) < 2:
+        return None
+    ordered = sorted(seconds)
+
+    def percentile(q: float) -> float:
+        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+    low, high = ordered[0], ordered[-1]
+    if high > low:
+        ratio = (high / low) ** (1 / STEP_TIME_BINS)
+        edges = [low * ratio**i for i in range(STEP_TIME_BINS)] + [high]
+    else:
+        edges = [low, high]
+    counts = [0] * (len(edges) - 1)
+    for value in ordered:
+        i = next((j for j in range(len(counts)) if value <= edges[j + 1]), len(counts) - 1)
+        counts[i] += 1
+    return {
+        "count": len(ordered),
+        "p10": percentile(0.1),
+        "median": percentile(0.5),
+        "p90": percentile(0.9),
+        "p99": percentile(0.99),
+        "max": high,
+        "edges": edges,
+        "counts": counts,
+    }
 
 
 def _last(step: int, tops: list[tuple[int, Mapping[str, Any]]]) -> dict[str, Any]:

@@ -122,6 +122,12 @@ class Metrics:
     events: tuple[Mapping[str, Any], ...] = ()
     """Interventions (`{"step", "event", "loss", "message"}`: spikes, NaN/Inf, skipped updates,
     rewinds), every one; `loss` is None where it was not finite."""
+    tokens_per_second: tuple[float | None, ...] = ()
+    mfu: tuple[float | None, ...] = ()
+    """Throughput and model FLOPs utilization (percent) at the steps shown, where logged."""
+    step_seconds: Mapping[str, Any] | None = None
+    """Seconds per step over the whole run: count, p10, median, p90, p99, max, and a histogram
+    (`edges`, `counts`); None with fewer than two consecutive steps."""
 
 
 @dataclass(frozen=True)

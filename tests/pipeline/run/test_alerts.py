@@ -62,6 +62,15 @@ def test_a_failure_and_the_runs_end_reach_the_webhook_and_the_secret_stays_out_o
     assert SECRET not in result.stderr + result.stdout
     (manifest,) = (tmp_path / "prefix" / "experiments").glob("*.json")
     assert "--notify" in json.loads(manifest.read_text())["argv"]  # recorded, with its value redacted
+    # What was sent is recorded for the run page, per run.
+    run_id = failed["drydock"]["run_id"]
+    lines = (tmp_path / "prefix" / "experiments" / "alerts" / f"{run_id}.jsonl").read_text().splitlines()
+    recorded = [json.loads(line) for line in lines]
+    assert [(r["kind"], r["step"], r["delivered"], r["held"]) for r in recorded] == [
+        ("failed", "data/bad0", True, False),
+        ("finished", None, True, False),
+    ]
+    assert recorded[0]["text"] == failed["text"]
 
 
 def test_a_webhook_that_is_down_never_fails_the_run(tmp_path):
@@ -74,6 +83,9 @@ def test_a_webhook_that_is_down_never_fails_the_run(tmp_path):
     assert result.returncode == 0, result.stderr
     assert f"alert not delivered to the webhook at 127.0.0.1:{port}" in result.stderr
     assert SECRET not in result.stderr and "Traceback" not in result.stderr
+    (log,) = (tmp_path / "prefix" / "experiments" / "alerts").glob("*.jsonl")
+    (entry,) = [json.loads(line) for line in log.read_text().splitlines()]
+    assert entry["kind"] == "finished" and entry["delivered"] is False and SECRET not in entry["error"]
 
 
 def test_a_flood_of_failures_is_held_back_and_counted(tmp_path, webhook):
@@ -83,6 +95,9 @@ def test_a_flood_of_failures_is_held_back_and_counted(tmp_path, webhook):
     kinds = [m["body"]["drydock"]["kind"] for m in received]
     assert kinds.count("failed") == 6 and kinds[-1] == "finished"  # six a minute
     assert "(and 3 more alerts held back)" in received[-1]["body"]["text"]
+    (log,) = (tmp_path / "prefix" / "experiments" / "alerts").glob("*.jsonl")
+    recorded = [json.loads(line) for line in log.read_text().splitlines()]
+    assert sum(r["held"] for r in recorded) == 3 and sum(r["delivered"] is True for r in recorded) == 7
 
 
 @pytest.mark.parametrize("bad", ["ftp://hooks.example.com/x", "hooks.example.com/x", "http://"])

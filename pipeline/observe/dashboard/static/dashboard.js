@@ -28,6 +28,22 @@ function drydockLossChart(canvasId, dataId) {
       borderColor: "#c62828", backgroundColor: "#c62828", borderWidth: 1.5, pointRadius: 3, borderDash: [5, 4],
     });
   }
+  if (series.prediction && series.prediction.length) {
+    // The predicted eval loss: its band (low to high, filled) and its curve.
+    const at = (i) => series.prediction.map((p) => ({ x: p[0], y: p[i] }));
+    datasets.push({
+      label: "predicted (low)", data: at(2), yAxisID: "y", borderColor: "rgba(46,125,50,0)",
+      backgroundColor: "rgba(46,125,50,0.12)", pointRadius: 0, fill: false,
+    });
+    datasets.push({
+      label: "predicted interval", data: at(3), yAxisID: "y", borderColor: "rgba(46,125,50,0)",
+      backgroundColor: "rgba(46,125,50,0.12)", pointRadius: 0, fill: "-1",
+    });
+    datasets.push({
+      label: "predicted eval loss", data: at(1), yAxisID: "y", borderColor: "#2e7d32",
+      backgroundColor: "#2e7d32", borderWidth: 1.5, pointRadius: 0, borderDash: [2, 2],
+    });
+  }
   if (series.events && series.events.length) {
     // Interventions: a marker at the step, at its loss (NaN/Inf and unknown losses at the top).
     const finite = series.loss.filter((v) => v !== null);
@@ -62,7 +78,10 @@ function drydockLossChart(canvasId, dataId) {
       animation: false, parsing: false, normalized: true, maintainAspectRatio: false,
       interaction: { mode: "nearest", axis: "x", intersect: false },
       scales: scales,
-      plugins: { tooltip: { callbacks: { label: (item) => item.raw.message || `${item.dataset.label}: ${item.formattedValue}` } } },
+      plugins: {
+        tooltip: { callbacks: { label: (item) => item.raw.message || `${item.dataset.label}: ${item.formattedValue}` } },
+        legend: { labels: { filter: (item) => item.text !== "predicted (low)" } },
+      },
     },
   });
   const apply = () => {
@@ -133,6 +152,47 @@ function drydockLines(canvasId, datasets, xTitle, yTitle) {
       interaction: { mode: "nearest", axis: "x", intersect: false },
       scales: { x: { type: "linear", title: { display: true, text: xTitle } },
                 y: { type: "linear", title: { display: true, text: yTitle } } },
+    },
+  });
+}
+
+// Tokens per second and MFU (second axis) by step, from the loss chart's JSON in #dataId.
+function drydockThroughputChart(canvasId, dataId) {
+  const series = JSON.parse(document.getElementById(dataId).textContent);
+  const points = (ys) => series.steps.map((x, i) => ({ x: x, y: ys[i] })).filter((p) => p.y !== null);
+  const datasets = [{
+    label: "tokens/s", data: points(series.tokens_per_second), yAxisID: "y",
+    borderColor: "#1565c0", backgroundColor: "#1565c0", borderWidth: 1.5, pointRadius: 0,
+  }];
+  const scales = {
+    x: { type: "linear", title: { display: true, text: "step" } },
+    y: { type: "linear", position: "left", title: { display: true, text: "tokens/s" } },
+  };
+  if (series.mfu.some((v) => v !== null)) {
+    datasets.push({
+      label: "MFU %", data: points(series.mfu), yAxisID: "mfu",
+      borderColor: "#ef6c00", backgroundColor: "#ef6c00", borderWidth: 1, pointRadius: 0,
+    });
+    scales.mfu = { type: "linear", position: "right", grid: { drawOnChartArea: false }, title: { display: true, text: "MFU %" } };
+  }
+  return new Chart(document.getElementById(canvasId), {
+    type: "line", data: { datasets: datasets },
+    options: { animation: false, parsing: false, normalized: true, maintainAspectRatio: false, scales: scales },
+  });
+}
+
+// The distribution of seconds per step: a histogram on log-spaced bins.
+function drydockStepTimeChart(canvasId, dataId) {
+  const t = JSON.parse(document.getElementById(dataId).textContent).step_seconds;
+  const fmt = (v) => (v >= 10 ? v.toFixed(0) : v >= 1 ? v.toFixed(1) : v.toPrecision(2));
+  const labels = t.counts.map((_, i) => `${fmt(t.edges[i])}-${fmt(t.edges[i + 1])} s`);
+  return new Chart(document.getElementById(canvasId), {
+    type: "bar",
+    data: { labels: labels, datasets: [{ label: "steps", data: t.counts, backgroundColor: "#1565c0" }] },
+    options: {
+      animation: false, maintainAspectRatio: false,
+      scales: { x: { title: { display: true, text: "seconds per step" } }, y: { title: { display: true, text: "steps" } } },
+      plugins: { legend: { display: false } },
     },
   });
 }

@@ -26,6 +26,7 @@ from tests.pipeline.observe.dashboard.fixture_steps import (
     train_tiny,
     write_corpus,
 )
+from tests.webhook import webhook_server
 
 REPO = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -44,8 +45,10 @@ class Runs:
         return next(label for label, node in report.plan.dag.nodes.items() if node.name == name)
 
 
-def _run(steps: list[Step], prefix: str, experiment: str, description: str) -> RunReport:
-    config = ExecutorMainConfig(prefix=prefix, backend="local", experiment=experiment)
+def _run(
+    steps: list[Step], prefix: str, experiment: str, description: str, notify: str | None = None
+) -> RunReport:
+    config = ExecutorMainConfig(prefix=prefix, backend="local", experiment=experiment, notify=notify)
     report = run_experiment(steps, config, description=description)
     assert isinstance(report, RunReport)
     return report
@@ -61,7 +64,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     assert demo.ok
     bad = Step("train/broken", diverge, TrainConfig(output_of(corpus), this_output(), versioned(5)))
     blocked = Step("eval/broken", evaluate_tiny, EvalConfig(output_of(bad), this_output()))
-    broken = _run([blocked], prefix, "broken", "a training run that diverges")
+    with webhook_server() as (url, _received):  # its alerts are on the failed step's page
+        broken = _run([blocked], prefix, "broken", "a training run that diverges", notify=url)
     assert not broken.ok
     return Runs(prefix, demo, broken)
 

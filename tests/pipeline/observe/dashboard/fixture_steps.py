@@ -8,10 +8,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from dataclasses import dataclass
 
 from pipeline import step_function
 from pipeline.run import step_events
+from pipeline.run.pulse import pulse
+from steps.prediction import Curve
 
 
 @dataclass(frozen=True)
@@ -42,12 +45,38 @@ def loss_at(step: int) -> float:
     return 6.0 * math.exp(-step / 12) + 1.5
 
 
+def wall_time(step: int) -> float:
+    """When step `step` ended: about a second a step, 0.1-0.2 s more on two steps in three, 1.5 s
+    more after each evaluation."""
+    return sum(1.0 + 0.1 * (s % 3) + (1.5 if s and s % 10 == 0 else 0.0) for s in range(step + 1))
+
+
+def mfu_at(step: int) -> float:
+    """MFU in percent: about 30, lower on the steps an evaluation slows."""
+    return 30.0 - (6.0 if step and step % 10 == 0 else 0.0) + (step % 3) * 0.5
+
+
+def predicted_at(step: int) -> float:
+    """The prediction the tests give the training: a little above its eval losses, a 5% band."""
+    return loss_at(step) + 0.15
+
+
 def train_tiny(config: TrainConfig) -> None:
     """Writes metrics.jsonl as steps.training_hooks.JsonlTracker does while training runs: Levanter's
-    long keys, and a step's metrics spread over several lines that readers merge."""
+    long keys, and a step's metrics spread over several lines that readers merge; prediction.json
+    as steps.prediction writes it; and keeps a pulse (pipeline.run.pulse) every 50 ms."""
     os.makedirs(config.output, exist_ok=True)
     context = step_events.current()
     assert context is not None, "the executor binds a step context around every step function"
+    points = tuple((s, predicted_at(s), 0.95 * predicted_at(s), 1.05 * predicted_at(s)) for s in range(1, 41))
+    with open(os.path.join(config.output, "prediction.json"), "w") as f:
+        json.dump(Curve(points, "chinchilla fit of scaling/ladder", 3).to_json(), f)
+    with pulse(context, every=0.05):
+        _train_tiny(config, context)
+        time.sleep(0.2)  # a few pulses
+
+
+def _train_tiny(config: TrainConfig, context: step_events.StepContext) -> None:
     log_lines = []
     with open(os.path.join(config.output, "metrics.jsonl"), "w") as f:
         for step in range(config.num_steps):
@@ -55,11 +84,17 @@ def train_tiny(config: TrainConfig) -> None:
             lr = config.learning_rate * min(1.0, (step + 1) / 10)
             f.write(
                 json.dumps(
-                    {"step": step, "train/loss": loss, "optim/learning_rate": lr, "wall_time": 1.0 * step}
+                    {
+                        "step": step,
+                        "train/loss": loss,
+                        "optim/learning_rate": lr,
+                        "wall_time": wall_time(step),
+                    }
                 )
                 + "\n"
             )
-            f.write(json.dumps({"step": step, "throughput/tokens_per_second": 1000.0 + step}) + "\n")
+            throughput = {"throughput/tokens_per_second": 1000.0 + step, "throughput/mfu": mfu_at(step)}
+            f.write(json.dumps({"step": step, **throughput}) + "\n")
             if step and step % 10 == 0 and step < config.num_steps - 1:  # evaluations during training
                 f.write(json.dumps({"step": step, "eval/loss": loss_at(step) + 0.2}) + "\n")
             log_lines.append(f"step {step}: loss {loss:.4f}")
@@ -68,6 +103,17 @@ def train_tiny(config: TrainConfig) -> None:
                 "tokens_per_second": 1000.0 + step,
                 "eta_seconds": config.num_steps - step - 1,
             }
+            if step >= 10:
+                latest = 10 * (step // 10)
+                measured, predicted = loss_at(latest) + 0.2, predicted_at(latest)
+                figures["prediction"] = {
+                    "step": latest,
+                    "measured": measured,
+                    "predicted": predicted,
+                    "low": 0.95 * predicted,
+                    "high": 1.05 * predicted,
+                    "outside": 0,
+                }
             if config.spike_at is not None and step >= config.spike_at:
                 figures["interventions"] = {"spike_steps": 1}
             step_events.progress(step + 1, config.num_steps, "steps", figures)

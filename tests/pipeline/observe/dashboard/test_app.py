@@ -57,7 +57,9 @@ def test_step_page_shows_config_events_logs_metrics(dashboard, runs):
     assert re.findall(r'<tr class="event" data-event="(\w+)"', page) == ["RUNNING", "WARNING", "SUCCESS"]
     assert "loss spike at step 30" in page
     assert re.search(
-        r'<dd id="progress">100% · 40 of 40 steps · loss 1\.733 · 1\.04k tok/s · ETA 0s · 1 spike ', page
+        r'<dd id="progress">100% · 40 of 40 steps · loss 1\.733 · 1\.04k tok/s · ETA 0s · '
+        r"on prediction · 1 spike ",
+        page,
     )
     # The spike is a row of the interventions table and a marker on the loss chart.
     assert re.search(
@@ -75,6 +77,48 @@ def test_step_page_shows_config_events_logs_metrics(dashboard, runs):
 
     log = get(dashboard, f"/steps/{label}/logs/attempt-1.log")
     assert log.status_code == 200 and "step 39: loss" in log.text
+
+
+def test_the_run_page_gathers_prediction_throughput_step_times_hosts_attempts(dashboard, runs):
+    label = runs.label(runs.demo, "train/tiny")
+    page = get(dashboard, f"/steps/{label}").text
+    chart = json.loads(
+        re.search(r'<script type="application/json" id="loss-data">(.*?)</script>', page, re.S)[1]
+    )
+    # The predicted eval loss and its band, as prediction.json has them.
+    assert len(chart["prediction"]) == 40 and chart["prediction"][0][0] == 1
+    step, loss, low, high = chart["prediction"][-1]
+    assert step == 40 and low < loss < high
+    assert "the predicted eval loss (chinchilla fit of scaling/ladder) and its band" in page
+    # Every evaluation so far against the prediction.
+    rows = re.findall(
+        r'<tr class="(\w+)"><td>(\d+)</td>', page.split('id="evaluations"')[1].split("</table>")[0]
+    )
+    assert rows == [("inside", "10"), ("inside", "20"), ("inside", "30")]
+    # Throughput and MFU by step; seconds per step (about 1 s, 2.5-2.7 s after an evaluation).
+    assert chart["tokens_per_second"][:2] == [1000.0, 1001.0] and chart["mfu"][:3] == [30.0, 30.5, 31.0]
+    times = chart["step_seconds"]
+    assert times["count"] == 39 and 1.0 <= times["median"] <= 1.2 and 2.5 <= times["max"] <= 2.8
+    assert "<h3>Seconds per step</h3>" in page and "<h3>Throughput</h3>" in page
+    # The host that ran it, from its pulse, with its log; the attempt and how it ended.
+    hosts = page.split('id="host-table"')[1].split("</table>")[0]
+    assert re.search(r"<td>0</td><td>pid \d+ on ", hosts) and f"/steps/{label}/logs/attempt-1.log" in hosts
+    attempts = page.split('id="attempt-table"')[1].split("</table>")[0]
+    assert attempts.count('data-outcome="SUCCESS"') == 1
+    # The API has the same sections.
+    run = get(dashboard, f"/api/steps/{label}").json()["run"]
+    assert [h["host"] for h in run["hosts"]] == [0] and run["attempts"][0]["outcome"] == "SUCCESS"
+    assert [e["verdict"] for e in run["prediction"]["evaluations"]] == ["inside"] * 3
+
+
+def test_a_failed_steps_page_shows_why_and_the_alert_sent(dashboard, runs):
+    label = runs.label(runs.broken, "train/broken")
+    page = get(dashboard, f"/steps/{label}").text
+    attempts = page.split('id="attempt-table"')[1].split("</table>")[0]
+    assert 'data-outcome="FAILED"' in attempts and "<td>error</td>" in attempts
+    alerts = page.split('id="alert-table"')[1].split("</table>")[0]
+    assert "<td>failed</td>" in alerts and "FloatingPointError: loss became NaN at step 3" in alerts
+    assert "<td>yes</td>" in alerts
 
 
 def test_evaluation_table(dashboard, runs):

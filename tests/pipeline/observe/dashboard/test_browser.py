@@ -101,7 +101,15 @@ def test_dashboard_in_a_browser(dashboard, runs, page, tmp_path):
             };
         }"""
     )
-    assert chart["labels"] == ["train loss", "eval loss", "interventions", "learning rate"]
+    assert chart["labels"] == [
+        "train loss",
+        "eval loss",
+        "predicted (low)",  # the band's lower edge (not in the legend)
+        "predicted interval",
+        "predicted eval loss",
+        "interventions",
+        "learning rate",
+    ]
     assert chart["markers"] == [[[30, "spike at step 30: loss 7.97"]]]  # the spike, marked where it is
     assert chart["points"] == 40 and chart["laidOut"] == 40
     assert chart["first"] == {"x": 0, "y": 7.5}
@@ -121,13 +129,35 @@ def test_dashboard_in_a_browser(dashboard, runs, page, tmp_path):
     page.screenshot(path=str(tmp_path / "step.png"), full_page=True)
     page.locator("#training").screenshot(path=str(tmp_path / "loss-chart.png"))
     assert os.path.getsize(tmp_path / "step.png") > 10_000
+    # The run page's other charts: throughput and MFU, seconds per step; drawn, not just declared.
+    drawn = page.evaluate(
+        """() => ["throughput-chart", "step-time-chart"].map((id) => {
+            const chart = Chart.getChart(id);
+            return [chart.config.type, chart.data.datasets.map((d) => d.label), chart.width > 0];
+        })"""
+    )
+    assert drawn == [["line", ["tokens/s", "MFU %"], True], ["bar", ["steps"], True]]
+    assert page.locator("#host-table tr.alive, #host-table tr.silent").count() == 1
+    assert page.locator("#evaluations tr.inside").count() == 3
+    # The docs show the run page from the loss to the attempts.
+    if UPDATE_DOCS:
+        page.set_viewport_size({"width": 1000, "height": 2400})
+        top, bottom = page.evaluate(
+            """() => {
+                const box = (id) => document.getElementById(id).getBoundingClientRect();
+                return [box("training").top + window.scrollY, box("attempts").bottom + window.scrollY];
+            }"""
+        )
+        clip = {"x": 0, "y": top - 10, "width": 1000, "height": bottom - top + 20}
+        page.screenshot(path=os.path.join(DOCS_IMAGES, "dashboard-run.png"), clip=clip, full_page=True)
+        page.set_viewport_size({"width": 1280, "height": 720})
 
     # The docs show the step page as a user sees it first.
     if UPDATE_DOCS:
         page.screenshot(path=os.path.join(DOCS_IMAGES, "dashboard.png"))
 
     # A log opens from its link.
-    page.get_by_role("link", name="attempt-1.log").click()
+    page.locator("#host-table").get_by_role("link", name="attempt-1.log").click()  # the host's log
     assert "step 39: loss" in page.locator("#log").inner_text()
 
     # The failed experiment: its DAG shows each step's state (the docs show this page too).
@@ -149,6 +179,9 @@ def test_dashboard_in_a_browser(dashboard, runs, page, tmp_path):
     page.locator(f'#dag g.node[data-label="{runs.label(runs.broken, "train/broken")}"]').click()
     page.wait_for_url("**/steps/train/broken-*")
     assert "loss became NaN at step 3" in page.locator("#failure").inner_text()
+    # ...how its attempt ended, and the alert the run sent about it.
+    assert page.locator('#attempt-table tr[data-outcome="FAILED"]').count() == 1
+    assert "loss became NaN at step 3" in page.locator("#alert-table").inner_text()
 
 
 @pytest.fixture(scope="module")

@@ -37,6 +37,17 @@ def reference(storage, directory: str, max_points: int = data.MAX_CHART_POINTS) 
         eval_steps=tuple(int(r["step"]) for r in ordered if "eval/loss" in r),
         eval_loss=tuple(data._number(r["eval/loss"]) for r in ordered if "eval/loss" in r),
         events=tuple(data._event(e) for e in parse_events(text.splitlines())),
+        tokens_per_second=tuple(data._number(r.get("tokens_per_second")) for r in shown),
+        mfu=tuple(data._number(r.get("throughput/mfu", r.get("mfu"))) for r in shown),
+        step_seconds=chart.step_time_summary(
+            [
+                b["wall_time"] - a["wall_time"]
+                for a, b in itertools.pairwise(ordered)
+                if b["step"] == a["step"] + 1
+                and all(data._number(r.get("wall_time")) is not None for r in (a, b))
+                and b["wall_time"] > a["wall_time"]
+            ]
+        ),
     )
 
 
@@ -46,9 +57,16 @@ def _lines(rng: random.Random, steps: int) -> list[str]:
     lines = []
     step = 0
     while step < steps:
-        lines.append(json.dumps({"step": step, "train/loss": rng.uniform(1, 5), "optim/learning_rate": 1e-3}))
+        record = {"step": step, "train/loss": rng.uniform(1, 5), "optim/learning_rate": 1e-3}
+        if rng.random() < 0.9:  # the tracker's clock, which a rewind's repeated steps move on
+            record["wall_time"] = 1000.0 + len(lines) * rng.uniform(0.5, 2.0)
+        lines.append(json.dumps(record))
         if rng.random() < 0.3:
-            lines.append(json.dumps({"step": step, "throughput/tokens_per_second": rng.uniform(1e3, 1e4)}))
+            figures = {
+                "throughput/tokens_per_second": rng.uniform(1e3, 1e4),
+                "throughput/mfu": rng.uniform(1, 60),
+            }
+            lines.append(json.dumps({"step": step, **figures}))
         if rng.random() < 0.1:
             lines.append(json.dumps({"step": step, "eval/loss": rng.choice([rng.uniform(1, 3), None])}))
         if rng.random() < 0.05:
@@ -94,6 +112,17 @@ def test_the_chart_is_what_parsing_every_line_gives(tmp_path_factory, seed, step
     for _ in range(2):  # the second time from the summaries of the closed segments
         got = chart.read_chart(str(directory), storage.listdir, read_all, points, data._number, data._event)
         assert got == reference(storage, str(directory), points)
+
+
+def test_the_step_time_distribution():
+    summary = chart.step_time_summary([1.0] * 90 + [2.0] * 9 + [10.0])
+    assert summary is not None
+    assert (summary["count"], summary["median"], summary["p90"], summary["max"]) == (100, 1.0, 1.0, 10.0)
+    assert summary["p99"] == 2.0 and sum(summary["counts"]) == 100
+    assert summary["edges"][0] == 1.0 and summary["edges"][-1] == 10.0 and summary["counts"][-1] == 1
+    assert chart.step_time_summary([3.0]) is None
+    same = chart.step_time_summary([2.0, 2.0])
+    assert same is not None and same["counts"] == [2]
 
 
 def test_closed_segments_are_parsed_once_and_a_rewritten_one_again(tmp_path):

@@ -60,7 +60,7 @@ def test_step_detail_reads_every_file(runs):
     assert detail.step_json is not None and detail.step_json["config"]["num_steps"] == 40
     assert detail.logs == ("attempt-1.log",)
     assert detail.progress is not None and (detail.progress.done, detail.progress.total) == (40, 40)
-    assert detail.files == ("metrics.jsonl", "train_result.json")
+    assert detail.files == ("metrics.jsonl", "prediction.json", "train_result.json")
     metrics = detail.metrics
     assert metrics is not None and metrics.total_steps == 40 and metrics.steps == tuple(range(40))
     assert metrics.loss[5] == pytest.approx(loss_at(5)) and metrics.loss[30] == pytest.approx(4 * loss_at(30))
