@@ -139,6 +139,8 @@ def _diverse(order: np.ndarray) -> list[int]:
             pairs.add(pair)
             chosen.append(int(i))
     return chosen
+
+
 HUBER_DELTA = 1e-3
 """Hoffmann et al.'s threshold on log residuals."""
 
