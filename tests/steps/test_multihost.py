@@ -161,9 +161,15 @@ def test_a_gang_of_two_hosts_trains_the_same_model_as_one_process(
     train = train_dir(prefix)
     outcome = json.loads((train / "train_result.json").read_text())
     assert outcome["processes"] == 2 and outcome["final_step"] == STEPS - 1
-    logs = sorted(p.name for p in (train / ".logs").iterdir())
-    assert logs == ["attempt-1-host-0.log", "attempt-1-host-1.log"]
-    assert "process 1 of 2 joined the gang" in (train / ".logs" / logs[1]).read_text()
+    # Each host of the one attempt wrote its log and its pulse (the watchdog reads the pulses).
+    written = sorted(p.name for p in (train / ".logs").iterdir())
+    assert written == [
+        "attempt-1-host-0.log",
+        "attempt-1-host-0.pulse",
+        "attempt-1-host-1.log",
+        "attempt-1-host-1.pulse",
+    ]
+    assert "process 1 of 2 joined the gang" in (train / ".logs" / written[2]).read_text()
     mine, theirs = losses(train), losses(reference)
     assert sorted(mine) == sorted(theirs)
     close(mine, theirs, sorted(theirs))
