@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 __all__ = [
+    "ADDED_FIELD",
     "HangPolicy",
     "OutputOf",
     "Resources",
@@ -21,6 +22,7 @@ __all__ = [
     "StepHooks",
     "ThisOutput",
     "Versioned",
+    "added_field",
     "hooks_of",
     "is_step_function",
     "output_of",
@@ -37,6 +39,25 @@ class Versioned(Generic[T]):
     """A config value that is part of its step's identity (see `versioned`)."""
 
     value: T
+
+
+ADDED_FIELD = "drydock_added_field"
+"""Dataclass field metadata: the field was added after identities were made (see `added_field`)."""
+
+
+def added_field(default: Any, *, doc: str = "") -> Any:
+    """A field added to a config dataclass after steps were made with it: while it holds
+    `default` it is left out of identity (and of the config as drift notes compare it), so every
+    identity made before the field existed stays the same. A value other than the default enters
+    identity as any field does. `default` must be immutable (a frozen value, a number, a string,
+    a tuple, None).
+
+        @dataclass(frozen=True)
+        class ModelConfig:
+            hidden_dim: int = 64
+            sliding_window: int | None = added_field(None)   # new: old models keep their identity
+    """
+    return dataclasses.field(default=default, metadata={ADDED_FIELD: True, "doc": doc})
 
 
 def versioned(value: T) -> T:

@@ -19,7 +19,7 @@ from typing import Any
 
 from pipeline.core.identity import relativize
 from pipeline.errors import StepDeclarationError
-from pipeline.step import OutputOf, Step, ThisOutput, Versioned
+from pipeline.step import ADDED_FIELD, OutputOf, Step, ThisOutput, Versioned
 
 __all__ = ["ConfigRefs", "collect_refs", "resolve_config", "to_plain"]
 
@@ -53,6 +53,29 @@ def _join(path: str, key: str | int) -> str:
 def _field_names(cls: type) -> tuple[str, ...]:
     # dataclasses.fields() builds a fresh tuple per call; a large DAG asks once per config.
     return tuple(f.name for f in dataclasses.fields(cls))
+
+
+_NO_DEFAULT: Any = object()
+
+
+@functools.cache
+def _added_fields(cls: type) -> dict[str, Any]:
+    """The fields of `cls` declared with `pipeline.step.added_field`, and their defaults."""
+    return {
+        f.name: f.default
+        for f in dataclasses.fields(cls)
+        if f.metadata.get(ADDED_FIELD) and f.default is not dataclasses.MISSING
+    }
+
+
+def _fields_of(value: Any, kind: type) -> tuple[str, ...]:
+    """The fields of dataclass `value` that its plain form holds: all of them, except a field
+    added later (`added_field`) that holds its default, so identities made before it stay."""
+    added = _added_fields(kind)
+    names = _field_names(kind)
+    if not added:
+        return names
+    return tuple(n for n in names if n not in added or getattr(value, n) != added[n])
 
 
 def collect_refs(step_name: str, config: Any, prefix: str | None = None) -> ConfigRefs:
@@ -166,7 +189,7 @@ def _collect(
     out: Any
     if is_dataclass:
         out = {"__class__": kind.__qualname__}
-        for name in _field_names(kind):
+        for name in _fields_of(value, kind):
             child = getattr(value, name)
             child_kind = type(child)
             if child_kind is str:
@@ -257,7 +280,7 @@ def to_plain(
         return {"__this_output__": value.sub}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out: dict[str, Any] = {"__class__": type(value).__qualname__}
-        for name in _field_names(type(value)):
+        for name in _fields_of(value, type(value)):
             out[name] = to_plain(
                 step, _join(path, name), getattr(value, name), strict=strict, render=render, prefix=prefix
             )

@@ -14,7 +14,16 @@ import pytest
 from pipeline.core.configs import collect_refs, resolve_config, to_plain
 from pipeline.core.drift import drift_digest, drift_digest_of_text
 from pipeline.errors import DrydockError, StepDeclarationError
-from pipeline.step import OutputOf, Step, ThisOutput, Versioned, output_of, this_output, versioned
+from pipeline.step import (
+    OutputOf,
+    Step,
+    ThisOutput,
+    Versioned,
+    added_field,
+    output_of,
+    this_output,
+    versioned,
+)
 from tests.pipeline.stepfns import WriteConfig, write_value
 
 
@@ -131,6 +140,31 @@ def test_collect_refs_on_plain_dataclass_and_top_level_values() -> None:
 def test_collect_refs_versioned_dataclass_is_plain_with_class() -> None:
     cfg = Mutable(value=versioned(Source(path="p", weight=2.0)))
     assert collect_refs("s", cfg).versioned == {"value": {"__class__": "Source", "path": "p", "weight": 2}}
+
+
+@dataclass(frozen=True)
+class SourceLater:
+    """`Source` as it became after a release added a field."""
+
+    path: Any
+    weight: Any = 1.0
+    window: Any = added_field(None)
+
+
+SourceLater.__qualname__ = "Source"  # the same class, one release later
+
+
+def test_a_field_added_later_leaves_identities_made_before_it_alone() -> None:
+    before = collect_refs("s", Mutable(value=versioned(Source(path="p", weight=2.0))))
+    after = collect_refs("s", Mutable(value=versioned(SourceLater(path="p", weight=2.0))))
+    assert after.versioned == before.versioned
+    assert to_plain("s", "", SourceLater(path="p"), strict=True) == to_plain(
+        "s", "", Source(path="p"), strict=True
+    )
+    # Set to anything but its default, it is part of identity like any field.
+    set_ = collect_refs("s", Mutable(value=versioned(SourceLater(path="p", weight=2.0, window=8))))
+    assert set_.versioned["value"] == {"__class__": "Source", "path": "p", "weight": 2, "window": 8}
+    assert set_.versioned != before.versioned
 
 
 def test_collect_refs_versioned_enum_is_its_value() -> None:
