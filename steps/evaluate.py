@@ -33,7 +33,7 @@ from steps.follow import (
     plain,
     training_of,
 )
-from steps.imports import LEVANTER, import_ml
+from steps.imports import LEVANTER_MODELS, import_ml
 
 __all__ = ["EvaluateConfig", "evaluate", "evaluate_step"]
 
@@ -109,7 +109,7 @@ def evaluate_step(
 def evaluate(config: EvaluateConfig) -> dict[str, Any]:
     """Evaluate a checkpoint (or, following, each one) on every validation set; write results.json,
     loss.png (and, following, results/step-N.json and curves.png)."""
-    import_ml(*LEVANTER)
+    import_ml(*LEVANTER_MODELS)
     os.environ.setdefault("MARIN_PREFIX", os.path.join(config.output, ".marin"))
     evaluator = _LossEvaluator(config)
     result = evaluate_checkpoints(

@@ -4,7 +4,11 @@ With the local backend several steps start at once in threads of one process. Nu
 module fails when two threads initialise it together ("cannot import name '__cpu_features__' from
 partially initialized module"), and JAX, Levanter and lm-eval import NumPy first. Each step
 function that needs them calls `import_ml()` before anything else, so the first one imports them
-and the others wait, then find them imported.
+and the others wait, then find them imported. Levanter's own modules import each other in
+cycles (`levanter.callbacks` -> `levanter.data` -> `levanter.layers.attention` -> ...): a thread
+entering a cycle at one end while another enters at the other gets a half-initialized module
+("cannot import name 'AttentionMask' from partially initialized module"), so the model steps
+import every Levanter module they use (`LEVANTER_MODELS`) under the lock too.
 """
 
 from __future__ import annotations
@@ -14,11 +18,24 @@ import logging
 import threading
 import warnings
 
-__all__ = ["LEVANTER", "import_ml", "quiet_known_noise"]
+__all__ = ["LEVANTER", "LEVANTER_MODELS", "import_ml", "quiet_known_noise"]
 
 _LOCK = threading.Lock()
 LEVANTER = ("jax", "haliax", "equinox", "levanter")
 """What a step built on Levanter needs (NumPy comes first in any case)."""
+LEVANTER_MODELS = (
+    *LEVANTER,
+    "levanter.checkpoint",
+    "levanter.trainer",
+    "levanter.eval",
+    "levanter.main.train_lm",
+    "levanter.models.mixtral",
+    "levanter.models.qwen3_moe",
+    "steps.drydock_moe",
+    "steps.training_hooks",
+)
+"""What the steps that build, train or load a model use: training, evaluation, task scores, and
+counting a drydock_moe model's parameters."""
 
 
 def import_ml(*modules: str) -> None:

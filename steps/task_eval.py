@@ -46,7 +46,7 @@ from steps.follow import (
     plain,
     training_of,
 )
-from steps.imports import LEVANTER, import_ml
+from steps.imports import LEVANTER_MODELS, import_ml
 
 __all__ = ["TaskEvalConfig", "task_eval", "task_eval_step"]
 
@@ -152,7 +152,7 @@ def task_eval_step(
 
 def task_eval(config: TaskEvalConfig) -> dict[str, Any]:
     """Evaluate the tasks on the checkpoint(s) of `config`; write results.json (and the rest)."""
-    import_ml(*LEVANTER, "lm_eval.evaluator", "lm_eval.tasks", "levanter.eval_harness")
+    import_ml(*LEVANTER_MODELS, "lm_eval.evaluator", "lm_eval.tasks", "levanter.eval_harness")
     tasks = check_tasks(config.tasks, config.data_root, config.task_data)
     with _offline(config.datasets_cache), _local_task_files(tasks, config) as files:
         task_dict, chances, names = _build_tasks(tasks, files, config)
