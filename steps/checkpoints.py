@@ -112,10 +112,14 @@ def load_model(train: str, checkpoint: str, vocab_size: int, parameter_mapping: 
     from levanter.models.lm_model import LmConfig
     from levanter.models.mixtral import MixtralConfig
 
+    from steps.drydock_moe import DrydockMoeConfig  # registers the drydock_moe family with draccus
+
     model_config = draccus.decode(LmConfig, read_json(f"{train.rstrip('/')}/levanter_model.json"))
     if isinstance(model_config, MixtralConfig):
         # Mixtral adds its auxiliary router losses to every position's loss: evaluate pure cross-entropy.
         model_config = dataclasses.replace(model_config, lbl_coef=None, rzl_coef=None)
+    if isinstance(model_config, DrydockMoeConfig):  # likewise its balancing loss and z-loss
+        model_config = dataclasses.replace(model_config, load_balancing_loss_coef=0.0, router_z_loss_coef=0.0)
     vocab = round_axis_for_partitioning(Axis("vocab", vocab_size), parameter_mapping)
     model = eqx.filter_eval_shape(model_config.build, vocab, key=jax.random.PRNGKey(0))
     model = load_checkpoint(model, checkpoint, subpath="model")

@@ -198,7 +198,10 @@ def levanter_train_config(
                 ),
             ),
         ),
-        hf_save_path=os.path.join(out, "hf") if config.hf_export else None,
+        # drydock_moe has no Hugging Face architecture: train_moe exports it itself (export/).
+        hf_save_path=os.path.join(out, "hf")
+        if config.hf_export and config.model.family != "drydock_moe"
+        else None,
         hf_save_steps=config.num_steps,
         data_seed=config.seed,
     )

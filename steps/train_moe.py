@@ -60,7 +60,7 @@ from steps.checkpoints import latest_checkpoint
 from steps.estimates import Hardware, hardware_of, layout_problems, layout_summary
 from steps.files import exists, local_path, read_text
 from steps.gang_sync import barrier, exchange, join_gang
-from steps.imports import LEVANTER, import_ml
+from steps.imports import LEVANTER_MODELS, import_ml
 from steps.levanter_config import hub_offline, levanter_train_config
 from steps.mesh import MeshSpec
 from steps.moe import MoeModelConfig, parameter_counts
@@ -476,7 +476,7 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
     rewinds, the model config, the result), and every decision to leave the training loop is
     taken together (`steps.gang_sync`).
     """
-    import_ml(*LEVANTER)
+    import_ml(*LEVANTER_MODELS)
     _check(config)
     gang = current_gang()
     join_gang(gang)  # before anything touches a JAX backend
@@ -563,6 +563,19 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
     if local_path(out) is not None:  # rewinds set checkpoints aside only for this process
         shutil.rmtree(os.path.join(out, REWOUND_DIR), ignore_errors=True)
     final, final_step = _latest_step(checkpoints)
+    exported = None
+    if (
+        config.hf_export
+        and config.model.family == "drydock_moe"
+        and final is not None
+        and not gang.distributed
+    ):
+        from steps.drydock_moe import export_checkpoint
+
+        # No Hugging Face architecture has this model: safetensors and a config.json instead.
+        exported = export_checkpoint(
+            out, final, config.model, vocab, os.path.join(out, "export", f"step-{final_step}")
+        )
     result = {
         **summarize(config, vocab),
         "resumed_from_step": first_resumed_from,
@@ -570,6 +583,7 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
         "final_step": final_step,
         "wall_seconds": time.time() - started,
         "interventions": count_interventions(read_events(metrics)),
+        **({"export": exported} if exported else {}),
         **({"processes": gang.size} if gang.distributed else {}),
     }
     write_file(os.path.join(out, "train_result.json"), json.dumps(result, indent=1).encode())

@@ -603,11 +603,19 @@ def router_stats(model: Any, tokens: Any, attn_mask: Any) -> dict[str, jax.Array
     from levanter.models.qwen3_moe import Qwen3MoeLMHeadModel
 
     config = model.config
+    out: dict[str, jax.Array] = {}
+    ratios = []
+    if hasattr(model, "router_loads"):  # drydock_moe reads its own routers (with their bias)
+        for i, load in enumerate(model.router_loads(tokens, attn_mask)):
+            ratios.append(load.max() * config.num_experts)
+            out[f"router/layer{i}/max_load_ratio"] = ratios[-1]
+            out[f"router/layer{i}/load_entropy"] = -(load * jnp.log(load + 1e-9)).sum()
+        out["router/max_load_ratio"] = jnp.max(jnp.stack(ratios))
+        out["router/mean_max_load_ratio"] = jnp.mean(jnp.stack(ratios))
+        return out
     qwen = isinstance(model, Qwen3MoeLMHeadModel)
     experts, k = config.Experts, config.num_experts_per_tok
     x = model.embeddings.embed(tokens)
-    out: dict[str, jax.Array] = {}
-    ratios = []
     for i, layer in enumerate(model.transformer.layers.unstacked()):
         h = layer.input_layernorm(x)
         x = x + layer.self_attn(x=h, mask=attn_mask, key=None)

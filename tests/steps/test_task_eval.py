@@ -34,6 +34,7 @@ from steps.evaluate import evaluate_step
 from steps.mixture import mixture_step
 from steps.moe import TINY_MOE
 from steps.task_eval import task_eval_step
+import dataclasses
 from steps.tokenize import tokenize_step
 from steps.train_moe import train_moe_step
 
@@ -45,7 +46,11 @@ def tok(domain):
 mix = mixture_step("mixture/test", components={{"prose": tok("prose"), "arithmetic": tok("arithmetic")}},
                    weights={{"prose": 0.5, "arithmetic": 0.5}}, target_tokens=40 * 8 * 64,
                    batch_size=8, seq_len=64, validation=["prose", "arithmetic"])
-train = train_moe_step("train/test", data=mix, model=TINY_MOE, batch_size=8, seq_len=64, num_steps=40,
+# Drydock's own family (shared expert, windowed local layer, balancing bias): follow, loss and
+# task evaluation read it as they read Levanter's families.
+model = dataclasses.replace(TINY_MOE, family="drydock_moe", num_shared_experts=1, sliding_window=16,
+                            global_every=2, num_global_kv_heads=1)
+train = train_moe_step("train/test", data=mix, model=model, batch_size=8, seq_len=64, num_steps=40,
                        checkpoint_interval=10, eval_interval=1000)
 losses = evaluate_step("evaluate/follow", train=train, data=mix, seq_len=64, max_batches=2, follow=True)
 curve = task_eval_step("tasks/follow", train=train, tasks=[demo_task("stories")], follow=True,
