@@ -315,6 +315,9 @@ def _step_context(storage: Storage, prefix: str, detail: data.StepDetail) -> dic
             "tokens_per_second": list(detail.metrics.tokens_per_second),
             "mfu": list(detail.metrics.mfu),
             "step_seconds": detail.metrics.step_seconds,
+            "router_steps": list(detail.metrics.router_steps),
+            "router_max_load_ratio": list(detail.metrics.router_max_load_ratio),
+            "router_mean_max_load_ratio": list(detail.metrics.router_mean_max_load_ratio),
         }
     return {
         "detail": detail,
@@ -323,6 +326,7 @@ def _step_context(storage: Storage, prefix: str, detail: data.StepDetail) -> dic
         "latest_log": latest_log,
         "chart": chart,
         "last_metrics": _finite(dict(detail.metrics.last)) if detail.metrics else {},
+        "last_router": _last_router(detail.metrics),
         "hyperparameters": _hyperparameters(info),
         "inputs": _inputs(info, prefix),
         "failure": _failure(detail),
@@ -338,6 +342,17 @@ def _run_page(storage: Storage, prefix: str, detail: data.StepDetail) -> RunPage
     return read_run_page(
         storage, prefix, directory, name, detail.events, detail.logs, detail.metrics, time.time()
     )
+
+
+def _last_router(metrics: data.Metrics | None) -> Mapping[str, Any] | None:
+    """The expert balance at the last step router statistics were logged, if any."""
+    if metrics is None or not metrics.router_steps:
+        return None
+    return {
+        "step": metrics.router_steps[-1],
+        "worst": metrics.router_max_load_ratio[-1],
+        "mean": metrics.router_mean_max_load_ratio[-1],
+    }
 
 
 def _throughput(metrics: data.Metrics | None) -> bool:

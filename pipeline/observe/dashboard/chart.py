@@ -41,6 +41,8 @@ _SLOTS = (
     ("throughput/tokens_per_second", "tokens_per_second"),
     ("throughput/mfu", "mfu"),
     ("wall_time", "wall_time"),
+    ("router/max_load_ratio", "router_max_load_ratio"),
+    ("router/mean_max_load_ratio", "router/mean_max_load_ratio"),
 )
 _ABSENT: Any = object()
 """A slot no line has set (unlike a value of null, which a later line may set)."""
@@ -161,6 +163,12 @@ def read_chart(
         return None if value is _ABSENT else value
 
     evaluated = [s for s in ordered if values[s][2] is not _ABSENT]
+    # Router statistics are logged every few steps: charted at the steps that have them, thinned
+    # on their own (the loss's thinning would miss most of them).
+    routed = [s for s in ordered if slot(s, 6) is not None]
+    routed_shown = routed[:: max(1, math.ceil(len(routed) / max_points))]
+    if routed and routed_shown[-1] != routed[-1]:
+        routed_shown.append(routed[-1])
     # Seconds per step: between the records of consecutive steps (a step's record is written when
     # it ends), so a gap from a restart or a rewind, where steps are not consecutive in time, is
     # left out; so are pauses for evaluations and checkpoints only where they fall between steps.
@@ -183,6 +191,9 @@ def read_chart(
         tokens_per_second=tuple(number(slot(s, 3)) for s in shown),
         mfu=tuple(number(slot(s, 4)) for s in shown),
         step_seconds=step_time_summary(step_seconds),
+        router_steps=tuple(routed_shown),
+        router_max_load_ratio=tuple(number(slot(s, 6)) for s in routed_shown),
+        router_mean_max_load_ratio=tuple(number(slot(s, 7)) for s in routed_shown),
     )
 
 

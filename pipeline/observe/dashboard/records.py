@@ -128,6 +128,12 @@ class Metrics:
     step_seconds: Mapping[str, Any] | None = None
     """Seconds per step over the whole run: count, p10, median, p90, p99, max, and a histogram
     (`edges`, `counts`); None with fewer than two consecutive steps."""
+    router_steps: tuple[int, ...] = ()
+    router_max_load_ratio: tuple[float | None, ...] = ()
+    router_mean_max_load_ratio: tuple[float | None, ...] = ()
+    """Expert balance at the steps router statistics were logged: the most loaded expert's share
+    of assignments times the number of experts (1.0 is even), in the worst layer and averaged
+    over layers."""
 
 
 @dataclass(frozen=True)

@@ -181,6 +181,18 @@ function drydockThroughputChart(canvasId, dataId) {
   });
 }
 
+// Expert balance by step (max load ratio, worst layer and mean over layers), where logged.
+function drydockRouterChart(canvasId, dataId) {
+  const series = JSON.parse(document.getElementById(dataId).textContent);
+  const points = (ys) => series.router_steps.map((x, i) => ({ x: x, y: ys[i] })).filter((p) => p.y !== null);
+  return drydockLines(canvasId, [
+    { label: "worst layer", data: points(series.router_max_load_ratio), borderColor: "#c62828",
+      backgroundColor: "#c62828", borderWidth: 1.5, pointRadius: 0 },
+    { label: "mean over layers", data: points(series.router_mean_max_load_ratio), borderColor: "#1565c0",
+      backgroundColor: "#1565c0", borderWidth: 1.5, pointRadius: 0 },
+  ], "step", "max load ratio");
+}
+
 // The distribution of seconds per step: a histogram on log-spaced bins.
 function drydockStepTimeChart(canvasId, dataId) {
   const t = JSON.parse(document.getElementById(dataId).textContent).step_seconds;

@@ -95,6 +95,18 @@ def _train_tiny(config: TrainConfig, context: step_events.StepContext) -> None:
             )
             throughput = {"throughput/tokens_per_second": 1000.0 + step, "throughput/mfu": mfu_at(step)}
             f.write(json.dumps({"step": step, **throughput}) + "\n")
+            if step % 5 == 0:  # router statistics: a skew the balancing bias evens out
+                ratio = 1.0 + 2.0 / (1 + step)
+                f.write(
+                    json.dumps(
+                        {
+                            "step": step,
+                            "router/max_load_ratio": ratio,
+                            "router/mean_max_load_ratio": 1.0 + 1.0 / (1 + step),
+                        }
+                    )
+                    + "\n"
+                )
             if step and step % 10 == 0 and step < config.num_steps - 1:  # evaluations during training
                 f.write(json.dumps({"step": step, "eval/loss": loss_at(step) + 0.2}) + "\n")
             log_lines.append(f"step {step}: loss {loss:.4f}")

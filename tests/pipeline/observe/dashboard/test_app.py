@@ -100,6 +100,10 @@ def test_the_run_page_gathers_prediction_throughput_step_times_hosts_attempts(da
     times = chart["step_seconds"]
     assert times["count"] == 39 and 1.0 <= times["median"] <= 1.2 and 2.5 <= times["max"] <= 2.8
     assert "<h3>Seconds per step</h3>" in page and "<h3>Throughput</h3>" in page
+    # Expert balance where router statistics were logged (every 5th step), and the latest figures.
+    assert chart["router_steps"] == list(range(0, 40, 5))
+    assert chart["router_max_load_ratio"][0] == 3.0 and chart["router_max_load_ratio"][-1] == 1.0 + 2.0 / 36
+    assert "<h3>Expert balance</h3>" in page and "latest (step 35): worst 1.056, mean 1.028" in page
     # The host that ran it, from its pulse, with its log; the attempt and how it ended.
     hosts = page.split('id="host-table"')[1].split("</table>")[0]
     assert re.search(r"<td>0</td><td>pid \d+ on ", hosts) and f"/steps/{label}/logs/attempt-1.log" in hosts

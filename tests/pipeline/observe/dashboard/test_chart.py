@@ -28,6 +28,10 @@ def reference(storage, directory: str, max_points: int = data.MAX_CHART_POINTS) 
     shown = ordered[::stride]
     if ordered and shown[-1] is not ordered[-1]:
         shown.append(ordered[-1])
+    routed = [r for r in ordered if r.get("router_max_load_ratio") is not None]
+    routed_shown = routed[:: max(1, math.ceil(len(routed) / max_points))]
+    if routed and routed_shown[-1] is not routed[-1]:
+        routed_shown.append(routed[-1])
     return Metrics(
         steps=tuple(int(r["step"]) for r in shown),
         loss=tuple(data._number(r.get("loss")) for r in shown),
@@ -48,6 +52,11 @@ def reference(storage, directory: str, max_points: int = data.MAX_CHART_POINTS) 
                 and b["wall_time"] > a["wall_time"]
             ]
         ),
+        router_steps=tuple(int(r["step"]) for r in routed_shown),
+        router_max_load_ratio=tuple(data._number(r["router_max_load_ratio"]) for r in routed_shown),
+        router_mean_max_load_ratio=tuple(
+            data._number(r.get("router/mean_max_load_ratio")) for r in routed_shown
+        ),
     )
 
 
@@ -67,6 +76,11 @@ def _lines(rng: random.Random, steps: int) -> list[str]:
                 "throughput/mfu": rng.uniform(1, 60),
             }
             lines.append(json.dumps({"step": step, **figures}))
+        if rng.random() < 0.2:  # router statistics, now and then (a null one too)
+            ratio = rng.choice([rng.uniform(1, 4), None])
+            lines.append(
+                json.dumps({"step": step, "router/max_load_ratio": ratio, "router/mean_max_load_ratio": 1.5})
+            )
         if rng.random() < 0.1:
             lines.append(json.dumps({"step": step, "eval/loss": rng.choice([rng.uniform(1, 3), None])}))
         if rng.random() < 0.05:
