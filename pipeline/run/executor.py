@@ -48,6 +48,7 @@ from pipeline.run.provenance import drift_digest_of, input_listing, step_info
 from pipeline.run.reporter import Reporter
 from pipeline.run.watchdog import Hang, Watchdog
 from pipeline.step import hooks_of
+from pipeline.storage.layout import LOGS_DIR, started_name
 from pipeline.storage.step_store import AlreadyDone, Held, StepStore
 
 __all__ = ["ExecutionOptions", "Reporter", "RunReport", "StepOutcome", "execute"]
@@ -159,6 +160,13 @@ class _Execution:
         self.watchdog = Watchdog(store, self._on_hang, on_report=self._on_report, clock=clock)
         self.hung: dict[str, Hang] = {}
         self.alerted: dict[str, dict[str, int]] = {}
+        self.tokens: dict[str, int] = {}
+        """The fencing token of each attempt in flight (its start marker's name)."""
+        self.requeued: set[str] = set()
+        """Followers stopped because the step they follow is retried: run again once it starts."""
+        self.starts_checked = 0.0
+        self.followed = {up for label in plan.in_state(State.RUN) for up in self.dag.nodes[label].soft_deps}
+        """Steps that steps of this run follow: they announce their start."""
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -174,13 +182,16 @@ class _Execution:
                 for label in self.state.take_ready(limit - len(self.state.in_flight)):
                     self.outcomes[label].attempts += 1
                     pool.submit(self._attempt, label, self.outcomes[label].attempts)
-                timeout = self.options.wait_poll_interval if self.state.waiting else None
+                polling = self.state.waiting or self.state.held_back()
+                timeout = self.options.wait_poll_interval if polling else None
                 try:
                     event = self.events.get(timeout=timeout)
                 except queue.Empty:
                     self._check_waiting()
+                    self._check_started()
                     continue
                 self._handle(event)
+                self._check_started(every=self.options.wait_poll_interval)
         except KeyboardInterrupt:
             interrupted = True
             self._cancel_everything()
@@ -197,6 +208,8 @@ class _Execution:
 
     def _handle(self, event: _Event) -> None:
         label, outcome = event.label, self.outcomes[event.label]
+        requeue = label in self.requeued  # stopped to make room for what it follows (`_retry`)
+        self.requeued.discard(label)
         if event.started is not None:
             outcome.started = event.started
         if event.ended is not None:
@@ -215,7 +228,7 @@ class _Execution:
             self.failures[label] = self.failures.get(label, 0) + 1
             if self.failures[label] <= self.dag.nodes[label].step.resources.failure_retries:
                 self.report(label, "FAILED", f"{event.detail}; retrying")
-                self.state.mark_retry(label)
+                self._retry(label)
                 return
             self._fail(label, event.detail)
         elif event.kind is Ending.PREEMPTED:
@@ -231,7 +244,7 @@ class _Execution:
                         label,
                         f"{self.preemptions[label]} times (budget {budget}): {event.detail}",
                     )
-                self.state.mark_retry(label)
+                self._retry(label)
                 return
             outcome.error = f"preempted {self.preemptions[label]} times (budget {budget}): {event.detail}"
             self._fail(label, outcome.error)
@@ -239,10 +252,42 @@ class _Execution:
             outcome.state = State.WAIT
             self.report(label, "WAIT", event.detail)
             self.state.mark_waiting(label)
+        elif event.kind is Ending.CANCELLED and requeue:
+            self.report(label, "WAIT", "stopped while what it follows is retried; runs again once it starts")
+            self.state.mark_retry(label)
         elif event.kind is Ending.CANCELLED:
             outcome.state = State.CANCELLED
             self.report(label, "CANCELLED", event.detail)
             self.state.mark_cancelled(label)
+
+    def _retry(self, label: str) -> None:
+        """Run `label` again; first stop the steps that follow it, which would otherwise keep
+        resources its new attempt may need to start. They run again once it has started (a
+        follower resumes: it skips the checkpoints it evaluated)."""
+        for follower in self.state.followers_in_flight(label):
+            if follower not in self.requeued:
+                self.requeued.add(follower)
+                self.backend.cancel(follower)
+        self.state.mark_retry(label)
+
+    def _check_started(self, every: float = 0.0) -> None:
+        """Look for the start marker of each in-flight step a held-back follower waits for."""
+        now = time.monotonic()
+        if now - self.starts_checked < every:
+            return
+        self.starts_checked = now
+        for label in self.state.awaited_starts():
+            token = self.tokens.get(label)
+            if token is None:
+                continue  # its lease is not taken yet
+            marker = f"{self.dag.nodes[label].output_path.rstrip('/')}/{LOGS_DIR}/{started_name(token)}"
+            try:
+                found = self.store.storage.read(marker) is not None
+            except Exception as e:
+                logger.warning("cannot read %s: %s", marker, e)
+                continue
+            if found:
+                self.state.mark_started(label)
 
     def _alert(self, kind: str, label: str, text: str) -> None:
         if self.options.alerts is not None:
@@ -281,9 +326,10 @@ class _Execution:
                 self.watch.forget(label)
                 self.report(label, "TAKEOVER", "its runner stopped; running it here")
                 self.lost.discard(label)
-                self.state.mark_retry(label)
+                self._retry(label)
 
     def _cancel_everything(self) -> None:
+        self.requeued.clear()  # Ctrl-C: a follower stopped to make room is cancelled, not rerun
         self.state.cancel_all()
         running = sorted(self.state.in_flight)
         for label in running:
@@ -353,6 +399,7 @@ class _Execution:
         if isinstance(taken, Held):
             return _Event(label, Ending.HELD, f"held by {taken.lease.describe()}")
         token = taken.token
+        self.tokens[label] = token
         self.heartbeat.add(step_dir, label, token, since=asked)
         started = self.clock()
         released = False
@@ -402,6 +449,7 @@ class _Execution:
             )
             return _Event(label, kind, message, tb, started=started, ended=self.clock())
         finally:
+            self.tokens.pop(label, None)
             self.heartbeat.remove(step_dir)
             # Whatever happened, the lease goes (a no-op if no longer ours).
             if not released:
@@ -457,6 +505,7 @@ class _Execution:
                 attempt=attempt,
                 token=token,
                 run_id=self.owner.run_id,
+                followed=label in self.followed,
                 lease_remaining=lambda: self.heartbeat.valid_until(step_dir) - self.clock(),
                 lease_poll=_lease_poll(self.options),
             )

@@ -31,10 +31,11 @@ import time
 from collections.abc import Iterator
 
 from pipeline.run import step_events
+from pipeline.run.fence import LeaseExpired
 from pipeline.run.step_events import StepContext
-from pipeline.storage.layout import LOGS_DIR, dump_request_name, pulse_name, stacks_name
+from pipeline.storage.layout import LOGS_DIR, dump_request_name, pulse_name, stacks_name, started_name
 
-__all__ = ["PULSE_SECONDS", "pulse"]
+__all__ = ["PULSE_SECONDS", "announce_start", "pulse"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,25 @@ def dump_stacks(step_thread: int, header: str) -> str:
         faulthandler.dump_traceback(file=f, all_threads=True)
         f.seek(0)
         return f.read()
+
+
+def announce_start(context: StepContext) -> None:
+    """Say that the attempt's function is starting (`<step>/.logs/attempt-<token>.started`), once,
+    from the gang's first host, if other steps follow it (`StepContext.followed`). The runner
+    holds those steps (evaluations of its checkpoints) until then, so that they never take the
+    resources it needs to start. A failed write is logged, never raised: the followers then
+    start when this step ends."""
+    if not context.followed or context.gang.index != 0:
+        return
+    from pipeline.storage.files import open_storage
+
+    path = f"{context.output_path.rstrip('/')}/{LOGS_DIR}/{started_name(context.token)}"
+    record = {"time": time.time(), "where": f"pid {os.getpid()} on {socket.gethostname()}"}
+    try:
+        step_events.check_lease(f"the start marker {path}")
+        open_storage(context.output_path).write(path, json.dumps(record).encode())
+    except (Exception, LeaseExpired) as e:  # storage, or a lost lease: the step goes on
+        logger.warning("could not write %s: %s", path, e)
 
 
 class _Pulse:

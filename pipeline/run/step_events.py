@@ -64,6 +64,8 @@ class StepContext:
     (`pipeline.run.parallel`)."""
     gang: Gang = ALONE
     """This process's place in the step's gang (a gang of one unless the step spans hosts)."""
+    followed: bool = False
+    """Steps follow this one (`blocking=False`): it says when it starts (`pulse.announce_start`)."""
 
 
 _CURRENT: contextvars.ContextVar[StepContext | None] = contextvars.ContextVar("drydock_step", default=None)

@@ -34,7 +34,7 @@ from typing import Any
 from pipeline.core.lease import LeaseRecord, host_id, pid_alive
 from pipeline.run import step_events
 from pipeline.run.fence import Fence, LeaseExpired, fenced_process, fenced_thread, watch_lease
-from pipeline.run.pulse import pulse
+from pipeline.run.pulse import announce_start, pulse
 from pipeline.run.step_events import StepContext
 from pipeline.step import hooks_of
 
@@ -78,6 +78,7 @@ def call_step(
         # the log copy checks the fence itself.
         fenced(fence) if fence is not None else contextlib.nullcontext(),
     ):
+        announce_start(context)
         try:
             # A step that keeps a pace (`step_function(..., watchdog=...)`) says how it is doing
             # every few seconds, and saves its stacks when the runner's watchdog asks.

@@ -46,6 +46,7 @@ __all__ = [
     "pulse_name",
     "split_label",
     "stacks_name",
+    "started_name",
     "step_dir",
 ]
 
@@ -117,6 +118,12 @@ def pulse_name(token: int, host: int | None = None) -> str:
 def stacks_name(token: int, host: int | None = None) -> str:
     """The Python stacks a hung attempt's process saved (a log, so the dashboard shows it)."""
     return f"attempt-{token}{_host(host)}-stacks.log"
+
+
+def started_name(token: int) -> str:
+    """Written when an attempt's function starts running (by the gang's first host): the runner
+    then starts the steps that follow it (`pipeline.core.run_state`)."""
+    return f"attempt-{token}.started"
 
 
 def dump_request_name(token: int) -> str:

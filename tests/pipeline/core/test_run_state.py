@@ -96,3 +96,53 @@ def test_cached_steps_count_as_done():
     )
     state = RunState(plan)
     assert sorted(state.take_ready(10)) == sorted([n["b"], n["c"], n["e"]])
+
+
+def followed():
+    """tok -> train; eval and tasks follow train (blocking=False), and are declared first."""
+    tok = Step("tok", write_value, WriteConfig(output=this_output(), value=versioned(1)))
+    train = Step("train", write_value, WriteConfig(output=this_output(), inputs=[output_of(tok)]))
+    followers = [
+        Step(name, write_value, WriteConfig(output=this_output(), inputs=[output_of(train, blocking=False)]))
+        for name in ("eval", "tasks")
+    ]
+    dag = build_dag([*followers, train], "/p")
+    labels = {node.name: label for label, node in dag.nodes.items()}
+    return make_plan(dag, {}, now=0, local_host="h"), labels
+
+
+def test_followers_are_taken_only_once_what_they_follow_has_started():
+    plan, n = followed()
+    state = RunState(plan)
+    # Ready at once (no blocking inputs), but held back while train has not even been taken.
+    assert state.take_ready(10) == [n["tok"]]
+    assert sorted(state.held_back()) == sorted([n["eval"], n["tasks"]])
+    state.mark_succeeded(n["tok"])
+    assert state.take_ready(10) == [n["train"]]  # taken first, whatever the declaration order
+    assert state.awaited_starts() == [n["train"]]
+    state.mark_started(n["train"])
+    assert sorted(state.take_ready(10)) == sorted([n["eval"], n["tasks"]])
+    assert state.followers_in_flight(n["train"]) == sorted([n["eval"], n["tasks"]])
+
+
+def test_a_retried_step_holds_back_its_followers_again():
+    plan, n = followed()
+    state = RunState(plan)
+    state.take_ready(10)
+    state.mark_succeeded(n["tok"])
+    state.take_ready(10)
+    state.mark_started(n["train"])
+    state.take_ready(1)  # one follower
+    state.mark_retry(n["train"])  # preempted: it starts over, and is not running now
+    assert state.take_ready(10) == [n["train"]]
+    assert state.held_back()  # the other follower waits for the new attempt to start
+    state.mark_started(n["train"])
+    assert len(state.take_ready(10)) == 1
+
+
+def test_followers_of_a_failed_or_cached_step_are_not_held():
+    plan, n = followed()
+    state = RunState(plan)
+    state.take_ready(10)
+    state.mark_failed(n["tok"])  # train is blocked: its followers run (and find nothing to follow)
+    assert sorted(state.take_ready(10)) == sorted([n["eval"], n["tasks"]])

@@ -160,3 +160,61 @@ def segfault(config: CrashConfig) -> None:
 
 
 step_function(segfault, fresh_process=True)
+
+
+@dataclass(frozen=True)
+class ProduceConfig:
+    output: str
+    count: int = 3
+    every: float = 0.5
+    die_once_in: str | None = None
+    """A directory: the first attempt dies (its worker ends) after the first item, as a lost host."""
+
+
+def _counted(config: ProduceConfig) -> dict[str, int]:
+    """A training's preview (what `.step.json` records), which takes a while: `train_moe`'s counts
+    its model's parameters. Meanwhile the steps that follow it reached Ray first."""
+    time.sleep(1.5)
+    return {"items": config.count}
+
+
+@step_function(preview=_counted, fresh_process=True)
+def produce(config: ProduceConfig) -> None:
+    """A training in miniature: an item (`item-<i>`) every `every` seconds, then `done`."""
+    os.makedirs(config.output, exist_ok=True)
+    for i in range(config.count):
+        open(os.path.join(config.output, f"item-{i}"), "w").close()
+        if i == 0 and config.die_once_in is not None:
+            marker = os.path.join(config.die_once_in, "died")
+            if not os.path.exists(marker):
+                os.makedirs(config.die_once_in, exist_ok=True)
+                open(marker, "w").close()
+                os._exit(1)
+        time.sleep(config.every)
+    open(os.path.join(config.output, "done"), "w").close()
+
+
+@dataclass(frozen=True)
+class FollowConfig:
+    output: str
+    source: str
+    """The followed step's output (`output_of(step, blocking=False)`)."""
+    timeout: float = 60.0
+
+
+def follow_items(config: FollowConfig) -> None:
+    """An evaluation that follows `produce`: sees its items as they come, ends when it is done."""
+    deadline = time.time() + config.timeout
+    seen: list[str] = []
+    while True:
+        finished = os.path.exists(os.path.join(config.source, "done"))
+        if os.path.isdir(config.source):
+            seen += sorted(n for n in os.listdir(config.source) if n.startswith("item-") and n not in seen)
+        if finished:
+            break
+        if time.time() > deadline:
+            raise TimeoutError(f"what it follows did not finish in {config.timeout} s; saw {seen}")
+        time.sleep(0.05)
+    os.makedirs(config.output, exist_ok=True)
+    with open(os.path.join(config.output, "seen.json"), "w") as f:
+        json.dump({"seen": seen, "pid": os.getpid()}, f)

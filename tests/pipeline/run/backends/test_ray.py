@@ -10,14 +10,31 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from pipeline import ExecutorMainConfig, Resources, Step, run_experiment, this_output, versioned  # noqa: E402
+from pipeline import (  # noqa: E402
+    ExecutorMainConfig,
+    Resources,
+    Step,
+    output_of,
+    run_experiment,
+    this_output,
+    versioned,
+)
 from pipeline.core.plan import State  # noqa: E402
 from pipeline.core.records import Event  # noqa: E402
 from pipeline.errors import StepDeclarationError  # noqa: E402
 from pipeline.run.executor import RunReport  # noqa: E402
 from pipeline.storage.files import LocalStorage  # noqa: E402
 from pipeline.storage.step_store import StepStore  # noqa: E402
-from tests.pipeline.run.backends.rayfns import MeetConfig, ProbeConfig, meet, probe  # noqa: E402
+from tests.pipeline.run.backends.rayfns import (  # noqa: E402
+    FollowConfig,
+    MeetConfig,
+    ProbeConfig,
+    ProduceConfig,
+    follow_items,
+    meet,
+    probe,
+    produce,
+)
 
 ROOT = Path(__file__).resolve().parents[4]
 
@@ -206,3 +223,57 @@ def test_parallel_work_inside_a_step_becomes_ray_tasks(tmp_path):
     assert isinstance(report, RunReport) and report.ok
     (out,) = (tmp_path / "p").glob("fan-*/fan.json")
     assert json.loads(out.read_text()) == [[0, True], [1, True], [4, True]]
+
+
+def followed(tmp_path: Path, die_once: bool) -> tuple[Step, list[Step]]:
+    """A training in miniature (1 CPU) and two evaluations that follow it (1 CPU each): on this
+    2-CPU Ray, followers that started first would hold both CPUs while the training waits for one."""
+    train = Step(
+        "train/followed",
+        produce,
+        ProduceConfig(this_output(), die_once_in=str(tmp_path / "scratch") if die_once else None),
+        resources=Resources(cpus=1),
+    )
+    # Declared (and so planned) before the training: the order that starved it.
+    followers = [
+        Step(
+            f"evaluate/{kind}",
+            follow_items,
+            FollowConfig(this_output(), output_of(train, blocking=False)),
+            resources=Resources(cpus=1),
+        )
+        for kind in ("loss", "tasks")
+    ]
+    return train, followers
+
+
+@pytest.mark.timeout(240)
+def test_followers_never_take_the_cpus_the_training_they_follow_needs_to_start(tmp_path):
+    train, followers = followed(tmp_path, die_once=False)
+    prefix = tmp_path / "prefix"
+    report = run([*followers, train], prefix)
+    assert report.ok, {label: o.error for label, o in report.outcomes.items()}
+    train_dir = only_dir(prefix, "train/followed")
+    assert (train_dir / ".logs" / "attempt-1.started").exists()
+    started = json.loads((train_dir / ".logs" / "attempt-1.started").read_text())["time"]
+    for follower in ("evaluate/loss", "evaluate/tasks"):
+        step_dir = only_dir(prefix, follower)
+        assert json.loads((step_dir / "seen.json").read_text())["seen"] == ["item-0", "item-1", "item-2"]
+        # Each follower's attempt began only after the training's function had started.
+        (running,) = [e for e in StepStore(LocalStorage()).events(str(step_dir)) if e.event == Event.RUNNING]
+        assert running.time >= started - 1.0
+
+
+@pytest.mark.timeout(240)
+def test_a_retried_training_gets_its_cpu_back_from_its_followers(tmp_path):
+    # The training's first worker dies after its first item, with both followers running on the
+    # other CPU and queued: they are stopped, and start again once the retry has started.
+    train, followers = followed(tmp_path, die_once=True)
+    prefix = tmp_path / "prefix"
+    report = run([*followers, train], prefix)
+    assert report.ok, {label: o.error for label, o in report.outcomes.items()}
+    train_dir = only_dir(prefix, "train/followed")
+    events = [e.event for e in StepStore(LocalStorage()).events(str(train_dir))]
+    assert events == [Event.RUNNING, Event.PREEMPTED, Event.RUNNING, Event.SUCCESS]
+    for follower in ("evaluate/loss", "evaluate/tasks"):
+        assert (only_dir(prefix, follower) / "seen.json").exists()
