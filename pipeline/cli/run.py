@@ -29,6 +29,7 @@ from pipeline.core.report import RunReport
 from pipeline.errors import DrydockError
 from pipeline.observe.explain import plan_explanations
 from pipeline.observe.render import format_preview, plan_table, print_table, run_summary
+from pipeline.run.backends.ray_resources import follower_shortfalls
 from pipeline.run.experiment import run_experiment
 from pipeline.run.hooks import step_previews, step_reports
 from pipeline.run.options import parse_options, validate_options
@@ -196,8 +197,11 @@ def _run_and_print(call: ExperimentCall) -> int:
     if isinstance(result, Plan):
         previews = step_previews(result)
         explanations = plan_explanations(result, open_storage(result.dag.prefix))
+        warnings = _plan_warnings(result, config)
         if config.json:
             out = result.to_json(dry_run=True)
+            if warnings:
+                out["warnings"] = warnings
             for entry in out["steps"]:
                 if entry["label"] in explanations:
                     entry["explain"] = explanations[entry["label"]]
@@ -211,6 +215,8 @@ def _run_and_print(call: ExperimentCall) -> int:
             print_table(plan_table(result, explanations=explanations))
             for label, preview in previews.items():
                 print(f"\n{label}:\n{format_preview(preview)}")
+            for warning in warnings:
+                print(f"warning: {warning}", file=sys.stderr)
         return 0
     reports = step_reports(result)
     dag = result.plan.dag
@@ -233,6 +239,15 @@ def _run_and_print(call: ExperimentCall) -> int:
     if result.manifest_error:
         print(f"error: {result.manifest_error} (what the steps committed stays committed)", file=sys.stderr)
     return result.exit_code
+
+
+def _plan_warnings(plan: Plan, config: Any) -> list[str]:
+    """What a plan can tell before a backend starts: on the default private Ray instance (whose
+    CPUs are this machine's, or --ray.num_cpus), followers that cannot run beside what they follow.
+    A cluster's resources are known only when the run connects to it (the run warns then)."""
+    if config.backend != "ray" or config.ray.address:
+        return []
+    return follower_shortfalls(plan, {"CPU": float(config.ray.num_cpus or os.cpu_count() or 1)})
 
 
 def _print_results(

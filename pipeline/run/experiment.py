@@ -117,7 +117,7 @@ def run_experiment(
     needs_backend = bool(plan.in_state(State.RUN, State.WAIT))
     backend = make_backend(config.backend if needs_backend else "local", config)
     try:
-        backend.validate(plan)
+        warnings = backend.validate(plan)
         store.storage.check_writable(dag.prefix)
     except BaseException:
         backend.close()
@@ -176,6 +176,8 @@ def run_experiment(
         if needs_backend:  # where steps run; from now on a second terminal can follow the run
             emit(backend.describe())
             emit(f"manifest {path}; follow it with: drydock status {path} --watch")
+            for warning in warnings:
+                emit(f"warning: {warning}")
         reporter = Reporter(emit, total=len(active), observe=console.state if console else None)
         with console or contextlib.nullcontext():
             report = execute(plan, store, backend, owner, options, reporter)

@@ -43,6 +43,8 @@ class StepTask:
     """Seconds this attempt's lease is surely still held, as the executor's heartbeat knows it
     (zero or less once it may have expired). Backends running the step in the executor's process
     fence the step's writes with it (`pipeline.run.fence`); None: no fence."""
+    followed: bool = False
+    """Other steps of the run follow this one: the runner starts them once it has started."""
     lease_poll: float | None = None
     """For backends running the step in another process: how often that process re-reads the
     step's `.lease` to fence the step's writes at the lease's expiry (see `pipeline.run.fence`).
@@ -52,7 +54,7 @@ class StepTask:
     def context(self, backend: str, gang: Gang = ALONE) -> StepContext:
         """What `pipeline.run.step_events` needs inside the step function, run by `backend` in
         the process at `gang` (a gang of one unless the step spans hosts)."""
-        return StepContext(self.output_path, self.run_id, self.token, backend, gang)
+        return StepContext(self.output_path, self.run_id, self.token, backend, gang, self.followed)
 
 
 class Backend(abc.ABC):
@@ -84,8 +86,10 @@ class Backend(abc.ABC):
             for future in as_completed(futures):
                 yield future.result()
 
-    def validate(self, plan: Plan) -> None:  # noqa: B027 - optional hook
-        """Raise a `DrydockError` if a step to run can never be scheduled here."""
+    def validate(self, plan: Plan) -> list[str]:
+        """Raise a `DrydockError` if a step to run can never be scheduled here; return warnings
+        about what will run, but worse than the user may expect (followers that must wait)."""
+        return []
 
     def default_concurrency(self) -> int:
         """How many steps run at once when `--max_concurrent` is not given."""

@@ -55,7 +55,7 @@ class LocalBackend(Backend):
     def default_concurrency(self) -> int:
         return max(2, os.cpu_count() or 2)
 
-    def validate(self, plan: Plan) -> None:
+    def validate(self, plan: Plan) -> list[str]:
         """Every step here is a gang of one: a step that asks for several hosts needs Ray."""
         for label in plan.in_state(State.RUN, State.WAIT):
             node = plan.dag.nodes[label]
@@ -67,6 +67,7 @@ class LocalBackend(Backend):
                     "each step as one process: use --backend ray with a cluster of that many nodes",
                     field="resources.hosts",
                 )
+        return []
 
     def describe(self) -> str:
         return f"local threads ({os.cpu_count() or 1} CPUs)"

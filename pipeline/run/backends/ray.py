@@ -73,6 +73,7 @@ from pipeline.errors import StepCancelled, StepDeclarationError, StepFailed, Ste
 from pipeline.run.backends.base import Backend, StepTask
 from pipeline.run.backends.ray_resources import (
     SLICE_LABEL,
+    follower_shortfalls,
     host_bundle,
     runtime_env,
     task_options,
@@ -234,14 +235,19 @@ class RayBackend(Backend):
             return f"ray: cluster at {where} ({len(nodes)} {noun}: {', '.join(parts)})"
         return f"ray: private local instance ({', '.join(parts)})"
 
-    def validate(self, plan: Plan) -> None:
-        """Fail fast, naming the step, if the cluster can never satisfy what a step asks for."""
+    def validate(self, plan: Plan) -> list[str]:
+        """Fail fast, naming the step, if the cluster can never satisfy what a step asks for;
+        warn where a step and the steps that follow it cannot run at once."""
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         for label in plan.in_state(State.RUN, State.WAIT):
             node = plan.dag.nodes[label]
             problem = unsatisfiable(node.step.resources, nodes)
             if problem:
                 raise StepDeclarationError(node.name, problem, field="resources")
+        capacity = {
+            kind: sum(float(n.get("Resources", {}).get(kind, 0)) for n in nodes) for kind in ("CPU", "GPU")
+        }
+        return follower_shortfalls(plan, capacity)
 
     # -- running ----------------------------------------------------------------------------------
 

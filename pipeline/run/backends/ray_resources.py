@@ -10,14 +10,17 @@ functions read Ray's node descriptions (plain dicts) and never import Ray.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from pipeline.core.plan import Plan, State
 from pipeline.core.tpu import tpu_slice
 from pipeline.step import Resources
 
 __all__ = [
     "ACCELERATOR_PREFIX",
     "SLICE_LABEL",
+    "follower_shortfalls",
     "host_bundle",
     "parse_memory",
     "runtime_env",
@@ -158,3 +161,39 @@ def unsatisfiable(resources: Resources, nodes: list[dict[str, Any]]) -> str | No
         f"asks for {_describe(wanted)} on one node; no node has that "
         f"(largest node: {_describe(largest)}; cluster total: {_describe(totals)})"
     )
+
+
+def follower_shortfalls(plan: Plan, capacity: Mapping[str, float]) -> list[str]:
+    """A warning for each step to run whose followers (steps that read it with `blocking=False`:
+    evaluations of a running training's checkpoints) cannot run beside it on a cluster of
+    `capacity` (resource -> total). They never keep it from starting (the executor starts them
+    once it has), but they then wait for its resources and evaluate only after it ends. Only the
+    resources named in `capacity` are compared."""
+    to_run = set(plan.in_state(State.RUN))
+    followers: dict[str, list[str]] = {}
+    for label in plan.steps:
+        if label in to_run:
+            for followed in plan.dag.nodes[label].soft_deps:
+                if followed in to_run:
+                    followers.setdefault(followed, []).append(label)
+    warnings = []
+    for followed, labels in followers.items():
+        wanted: dict[str, float] = {}
+        for label in (followed, *labels):
+            resources = plan.dag.nodes[label].step.resources
+            if resources.tpu or resources.hosts > 1:
+                continue  # a slice or gang of its own: not competing for the same pool
+            for key, value in _requested(resources).items():
+                wanted[key] = wanted.get(key, 0.0) + value
+        short = {k: v for k, v in wanted.items() if k in capacity and v > capacity[k]}
+        if not short:
+            continue
+        names = ", ".join(plan.dag.nodes[label].name for label in labels)
+        need = " and ".join(f"{v:g} {k}" for k, v in sorted(short.items()))
+        have = " and ".join(f"{capacity.get(k, 0.0):g}" for k in sorted(short))
+        warnings.append(
+            f"step '{plan.dag.nodes[followed].name}' and the {len(labels)} step(s) that follow it "
+            f"({names}) need {need} at once; the cluster has {have}: the followers start once it has "
+            "started and wait for free resources, so some evaluate its checkpoints only after it ends"
+        )
+    return warnings
