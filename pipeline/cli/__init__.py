@@ -157,6 +157,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command is None:
         print(f"error: unknown command {args[0]!r}; choose one of {', '.join(by_name)}", file=sys.stderr)
         return 2
+    if args[1:2] in (["-h"], ["--help"]) and command.name != "dashboard":  # dashboard: argparse's
+        # `drydock rerun --help` before a file or manifest is named: what the command does and
+        # its options (`drydock run FILE --help` lists every option with its default).
+        takes_file = " FILE" in command.usage or " MANIFEST" in command.usage
+        print("\n".join([f"usage: {command.usage}", "", command.help, *(["", _OPTIONS] if takes_file else [])]))
+        return 0
     # Imported on use: `dashboard` loads the web stack, `run` the engine; `--help` loads neither.
     function = getattr(importlib.import_module(command.module), command.function)
     from pipeline.cli.common import quiet_broken_pipe

@@ -80,5 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     allowed = list(args.allow_host)
     if not is_loopback(args.host) and args.host not in ("0.0.0.0", "::"):
         allowed.append(args.host)  # the address it was asked to listen on names it
-    serve(prefix, sock, allowed)
+    try:
+        serve(prefix, sock, allowed)
+    except KeyboardInterrupt:
+        pass  # uvicorn stops on Ctrl-C, then raises it again: stopping is what was asked
     return 0

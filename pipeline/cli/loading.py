@@ -15,6 +15,7 @@ import contextvars
 import os
 import runpy
 import sys
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -74,16 +75,22 @@ def run_file(path: str, options: Sequence[str], handler: Handler) -> int:
         with intercept(record):
             runpy.run_path(path, run_name="__main__")
     except SystemExit as e:
-        if calls or e.code not in (None, 0):
+        asked_help = any(o in ("-h", "--help") for o in options)  # executor_main printed its options
+        if calls or e.code not in (None, 0) or asked_help:
             return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except DrydockError as e:
         # A mistake caught while the file declares its steps (a step library's own checks): the
         # same one line and exit code as a mistake executor_main finds.
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (ImportError, SyntaxError) as e:
+    except Exception as e:
         if calls:
             raise  # raised by the run itself, not by loading the file
+        # A mistake in the file itself (a mistyped keyword, a missing import, a typo in a name):
+        # one line naming the error and the file's line, as for the declaration errors above.
+        # DRYDOCK_TRACEBACK=1 shows the whole traceback, for a mistake deep in one's own helpers.
+        if os.environ.get("DRYDOCK_TRACEBACK"):
+            traceback.print_exc()
         print(f"error: cannot load experiment file {path}: {_describe(e, path)}", file=sys.stderr)
         return 2
     finally:
@@ -97,9 +104,10 @@ def run_file(path: str, options: Sequence[str], handler: Handler) -> int:
     return 0
 
 
-def _describe(error: ImportError | SyntaxError, path: str) -> str:
-    """One line for an experiment file that cannot be loaded: the error, and the line of the file
-    where it happened (the file's own line that imports the missing module)."""
+def _describe(error: Exception, path: str) -> str:
+    """One line for an experiment file that cannot be loaded: the error, and the last line of the
+    file the traceback passes through (the file's own line that imports the missing module, or
+    that calls a class with a mistyped keyword)."""
     if isinstance(error, SyntaxError):
         where = f"{error.filename}:{error.lineno}" if error.filename else f"line {error.lineno}"
         return f"SyntaxError: {error.msg} ({where})"

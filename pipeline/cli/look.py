@@ -41,7 +41,7 @@ from pipeline.observe.status import (
 )
 from pipeline.run.experiment import prepare
 from pipeline.run.options import resolve_prefix
-from pipeline.storage.files import is_local, normalize_prefix, open_storage
+from pipeline.storage.files import Storage, is_local, normalize_prefix, open_storage
 from pipeline.storage.manifests import (
     experiment_name,
     is_manifest,
@@ -131,13 +131,37 @@ def status_command(args: Sequence[str]) -> int:
 
 
 def _status_latest(argv: list[str]) -> int:
-    """The newest run manifest under the prefix (by when it started), watched like a MANIFEST."""
+    """The newest run manifest under the prefix (by when it started), watched like a MANIFEST.
+    With `--watch`, a prefix with no run yet is waited for (Ctrl-C stops waiting)."""
     parser = Parser(prog="drydock status --latest", add_help=False)
     parser.add_argument("--prefix")
+    parser.add_argument("--interval", type=float, default=2.0)
     known, rest = parser.parse_known_args(argv)
+    if known.interval <= 0:
+        raise StepDeclarationError(None, "must be positive", field="--interval")
     prefix = normalize_prefix(resolve_prefix(known.prefix))
     storage = open_storage(prefix)
-    _check_prefix_exists(prefix, "--latest")
+    rest = [*rest, "--interval", str(known.interval)]
+    if "--watch" not in rest:
+        _check_prefix_exists(prefix, "--latest")
+    newest = _newest_manifest(storage, prefix)
+    if newest is None and "--watch" in rest:
+        print(f"waiting for a run under {prefix} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+        try:
+            while newest is None:
+                time.sleep(known.interval)
+                newest = _newest_manifest(storage, prefix)
+        except KeyboardInterrupt:
+            return 0
+    if newest is None:
+        raise StepDeclarationError(None, f"no run manifest under {prefix}/experiments yet", field="--latest")
+    return _status(newest, ["--prefix", prefix, *rest])
+
+
+def _newest_manifest(storage: Storage, prefix: str) -> str | None:
+    """The path of the run manifest under `prefix` that started last, if any."""
+    if is_local(prefix) and not os.path.isdir(prefix):
+        return None
     newest: tuple[float, str] | None = None
     for name in list_manifests(storage, prefix):
         path = f"{manifest_dir(prefix)}/{name}"
@@ -147,9 +171,7 @@ def _status_latest(argv: list[str]) -> int:
             continue  # an unreadable manifest is not the newest run
         if newest is None or started > newest[0]:
             newest = (started, path)
-    if newest is None:
-        raise StepDeclarationError(None, f"no run manifest under {prefix}/experiments yet", field="--latest")
-    return _status(newest[1], ["--prefix", prefix, *rest])
+    return None if newest is None else newest[1]
 
 
 def _check_prefix_exists(prefix: str, field: str) -> None:

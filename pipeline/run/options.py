@@ -170,6 +170,20 @@ def _help_formatter() -> type:
     from draccus.help_formatter import SimpleHelpFormatter
 
     class HelpFormatter(SimpleHelpFormatter):
+        def add_arguments(self, actions: Any) -> None:
+            # draccus registers a nested config's "Config file for ray" option twice (once as the
+            # parent's child, once as the section itself): list each option once.
+            seen = getattr(self, "_drydock_seen", set())
+            self._drydock_seen = seen
+            unique = []
+            for action in actions:
+                key = tuple(action.option_strings)
+                if key and key in seen:
+                    continue
+                seen.add(key)
+                unique.append(action)
+            super().add_arguments(unique)
+
         def _get_help_string(self, action: Any) -> str:
             text = action.help or ""
             if action.default is None or "default" in text.lower():

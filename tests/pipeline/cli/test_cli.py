@@ -298,6 +298,21 @@ def test_cli_usage_errors(tmp_path):
     assert result.returncode == 2 and "did not call executor_main" in result.stderr
 
 
+@pytest.mark.parametrize("command", ["run", "plan", "status", "rerun", "dag", "explain", "compare", "gc", "pin", "adopt"])
+def test_a_commands_help_before_its_file_is_its_usage(command):
+    """`drydock rerun --help` with no manifest yet: the command's usage, exit 0."""
+    result = drydock(command, "--help")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: drydock {command} ") and not result.stderr
+
+
+def test_an_experiments_help_lists_each_option_once_and_ends_cleanly(tmp_path):
+    result = drydock("run", str(write_experiment(tmp_path)), "--help")
+    assert result.returncode == 0 and not result.stderr, result.stderr
+    listed = [line.split()[0] for line in result.stdout.splitlines() if line.startswith("  --")]
+    assert "--ray" in listed and len(listed) == len(set(listed)), listed
+
+
 def test_status_shows_what_storage_says(tmp_path):
     exp, prefix = write_experiment(tmp_path), tmp_path / "prefix"
     drydock("run", str(exp), "--prefix", str(prefix), "--only", "layer1/s0")
@@ -377,6 +392,11 @@ def test_engine_imports_no_ml_library(tmp_path):
             "ImportError: cannot import name 'nonexistent_name'",
         ),
         ("def broken(:\n    pass\n", "SyntaxError: invalid syntax"),
+        (
+            "from steps.train_moe import OptimizerSpec\n\nOptimizerSpec(learning_rat=3e-3)\n",
+            "TypeError: OptimizerSpec.__init__() got an unexpected keyword argument 'learning_rat' (FILE:3)",
+        ),
+        ("x = 1\ny = undefined_name + x\n", "NameError: name 'undefined_name' is not defined (FILE:2)"),
     ],
 )
 def test_an_experiment_file_that_cannot_load_is_one_line_and_exit_2(tmp_path, source, message):
@@ -475,11 +495,14 @@ def test_small_wording(tmp_path):
     assert "(default: 90.0)" in " ".join(helped.stdout.split())  # a default the text does not say
 
 
-def test_a_watch_started_before_the_run_follows_it_to_the_end(tmp_path):
-    """`drydock status FILE --watch` in a second terminal a moment before `drydock run FILE`."""
+@pytest.mark.parametrize("latest", [False, True], ids=["file", "latest"])
+def test_a_watch_started_before_the_run_follows_it_to_the_end(tmp_path, latest):
+    """`drydock status FILE --watch` (or `status --latest --watch`) in a second terminal a moment
+    before `drydock run FILE`: it waits for the run and follows it."""
     exp, prefix = write_experiment(tmp_path, sleep=0.5), tmp_path / "prefix"
+    target = ["--latest"] if latest else [str(exp)]
     watcher = subprocess.Popen(
-        [*DRYDOCK, "status", str(exp), "--prefix", str(prefix), "--watch", "--interval", "0.2"],
+        [*DRYDOCK, "status", *target, "--prefix", str(prefix), "--watch", "--interval", "0.2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -574,3 +597,35 @@ def test_a_mutable_config_class_is_warned_about_and_errors_stay_on_one_line(tmp_
         if "FAILED" in line and "loose-" in line and ":" not in line[:9]
     ]
     assert "RuntimeError: a long error message" in row
+
+
+FOLLOWED = """
+from pipeline import Resources, Step, executor_main, output_of, this_output
+from tests.pipeline.run.backends.rayfns import FollowConfig, ProduceConfig, follow_items, produce
+
+train = Step("train/x", produce, ProduceConfig(this_output()), resources=Resources(cpus={cpus}))
+followers = [
+    Step(f"evaluate/{{kind}}", follow_items, FollowConfig(this_output(), output_of(train, blocking=False)))
+    for kind in ("loss", "tasks")
+]
+if __name__ == "__main__":
+    executor_main(followers)
+"""
+
+
+@pytest.mark.parametrize(("cpus", "warned"), [(1, True), (0, False)])
+def test_plan_warns_when_a_training_and_its_followers_cannot_run_at_once(tmp_path, cpus, warned):
+    exp = tmp_path / "followed.py"
+    exp.write_text(FOLLOWED.format(cpus=cpus))
+    command = [*DRYDOCK, "plan", str(exp), "--prefix", str(tmp_path / "p"), "--ray.num_cpus", "2"]
+    result = subprocess.run(command, capture_output=True, text=True, env=env(), cwd=ROOT, timeout=60)
+    assert result.returncode == 0, result.stderr
+    warning = (
+        "warning: step 'train/x' and the 2 step(s) that follow it (evaluate/loss, evaluate/tasks) need "
+        "3 CPU at once; the cluster has 2: the followers start once it has started"
+    )
+    assert (warning in result.stderr) is warned, result.stderr
+    as_json = subprocess.run(
+        [*command, "--json"], capture_output=True, text=True, env=env(), cwd=ROOT, timeout=60
+    )
+    assert bool(json.loads(as_json.stdout).get("warnings")) is warned

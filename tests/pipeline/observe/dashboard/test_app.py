@@ -6,6 +6,7 @@ import json
 import os
 import re
 import socket
+import signal
 import subprocess
 import sys
 
@@ -221,6 +222,14 @@ def test_empty_prefix_page(tmp_path):
         assert "No experiments under" in page
     finally:
         stop(server)
+
+
+def test_ctrl_c_stops_the_dashboard_quietly(tmp_path):
+    server = start_dashboard(str(tmp_path))
+    assert get(server, "/").status_code == 200
+    server.process.send_signal(signal.SIGINT)
+    _out, err = server.process.communicate(timeout=30)
+    assert server.process.returncode == 0 and "Traceback" not in err, err
 
 
 def test_importing_the_package_loads_no_web_framework():
