@@ -1,4 +1,5 @@
-"""Shared test setup: no test writes outside its tmp_path, and Ray never writes ~/.ray."""
+"""Shared test setup: no test writes outside its tmp_path, Ray never writes ~/.ray, and tiny
+models are compiled once per session."""
 
 import os
 import tempfile
@@ -6,6 +7,14 @@ import tempfile
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # Local input hashes (steps.sources) are cached here, not under ~/.cache.
 os.environ.setdefault("DRYDOCK_CACHE_DIR", tempfile.mkdtemp(prefix="drydock-test-cache-"))
+# JAX's persistent compilation cache, shared by every process the tests start (a training's
+# `drydock run`, each host of a gang, Ray workers): dozens of tests train the same tiny models,
+# and compiling them was most of each training's time (a 40-step tiny training: 35 s cold, 14 s
+# with the cache). A cache hit runs the very executable compiled before: losses stay bit for bit
+# (checked). Fresh per session, so CI starts cold like any user.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="drydock-test-jax-cache-"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 
 import pytest

@@ -64,7 +64,7 @@ def count_steps(config: CountConfig) -> None:
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize(("outage", "lost"), [(6.0, True), (1.0, False)])
+@pytest.mark.parametrize(("outage", "lost"), [(6.0, True), (0.5, False)])
 def test_an_outage_of_the_local_store_longer_than_the_lease_ends_the_attempt_and_it_resumes(
     tmp_path, outage, lost
 ):
