@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         this_output,
         versioned,
     )
+    from pipeline.sweeps import Point, choice, grid, log_uniform, random_search, sweep, uniform
 
 # Public name -> the module that defines it.
 _PUBLIC = {
@@ -61,6 +62,13 @@ _PUBLIC = {
     "step_function": "pipeline.step",
     "this_output": "pipeline.step",
     "versioned": "pipeline.step",
+    "Point": "pipeline.sweeps",
+    "choice": "pipeline.sweeps",
+    "grid": "pipeline.sweeps",
+    "log_uniform": "pipeline.sweeps",
+    "random_search": "pipeline.sweeps",
+    "sweep": "pipeline.sweeps",
+    "uniform": "pipeline.sweeps",
 }
 # Submodules step functions use by their old short name (`from pipeline import step_events`).
 _MODULES = {"step_events": "pipeline.run.step_events"}
@@ -72,21 +80,28 @@ __all__ = [
     "GraphError",
     "HangPolicy",
     "OutputOf",
+    "Point",
     "Resources",
     "Step",
     "StepDeclarationError",
     "StorageError",
     "ThisOutput",
     "added_field",
+    "choice",
     "current_gang",
     "executor_main",
+    "grid",
+    "log_uniform",
     "output_of",
+    "random_search",
     "run_experiment",
     "step_events",
     "step_function",
     "step_state",
+    "sweep",
     "this_output",
     "tpu_slice",
+    "uniform",
     "versioned",
 ]
 

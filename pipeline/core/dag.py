@@ -133,7 +133,7 @@ def validate_name(name: Any) -> None:
         if not _NAME_PART.match(part):
             raise StepDeclarationError(
                 name,
-                f"name part {part!r} may only use letters, digits and . _ + = - "
+                f"name part {part!r} may only use letters, digits and . _ + = , - "
                 "(no spaces, and not starting with '.')",
                 field="name",
             )

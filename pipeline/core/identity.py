@@ -33,8 +33,8 @@ HASH_CHARS = 12
 
 PREFIX_TOKEN = "${prefix}"
 
-NAME_PART = r"[A-Za-z0-9_][A-Za-z0-9._+=-]*"
-"""One part of a slash-separated step name: letters, digits and . _ + = -, not starting with '.'."""
+NAME_PART = r"[A-Za-z0-9_][A-Za-z0-9._+=,-]*"
+"""One part of a slash-separated step name: letters, digits and . _ + = , -, not starting with '.'."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from pipeline.core.records import Event, StepRecord
 from pipeline.storage.files import Storage
 from pipeline.storage.layout import split_label
 from pipeline.storage.step_store import StepStore
+from pipeline.sweeps import is_point_name
 
 __all__ = [
     "Change",
@@ -236,10 +237,18 @@ class _Reader:
         last = record.last
         return (last.event, last.time) if last else (None, None)
 
-    def siblings(self, prefix: str, name: str) -> list[str]:
-        """Output paths of every `<name>-<hash>` directory under `prefix`."""
+    def siblings(self, prefix: str, name: str) -> list[tuple[str, str]]:
+        """(name, output path) of every `<name>-<hash>` directory under `prefix`; for a sweep's
+        run (`train/lr=0.003`), of every run of its template (`train/lr=0.01-<hash>`, ...)."""
         parent = _parent(prefix, name)
-        return [f"{parent}/{entry}" for entry in self._index(parent).get(name.rsplit("/", 1)[-1], [])]
+        head, _, last = name.rpartition("/")
+        index = self._index(parent)
+        bases = [b for b in index if is_point_name(f"{head}/{b}")] if is_point_name(name) else [last]
+        return [
+            (f"{head}/{base}" if head else base, f"{parent}/{entry}")
+            for base in sorted(bases)
+            for entry in index.get(base, [])
+        ]
 
 
 def _upstream_explainer(
@@ -289,13 +298,13 @@ def explain_step(dag: Dag, label: str, store: StepStore) -> Explanation:
     reader = _Reader(store)
     state, _ = reader.state(node.output_path)
     others = []
-    for other_dir in reader.siblings(dag.prefix, node.name):
+    for other_name, other_dir in reader.siblings(dag.prefix, node.name):
         if other_dir.rstrip("/") == node.output_path.rstrip("/"):
             continue
         other_state, when = reader.state(other_dir)
         others.append(
             OtherRun(
-                label=_label_of(node.name, other_dir.rsplit("-", 1)[-1]),
+                label=_label_of(other_name, other_dir.rsplit("-", 1)[-1]),
                 output_path=other_dir,
                 state=other_state,
                 time=when,
@@ -432,15 +441,15 @@ def plan_explanations(plan: Plan, storage: Storage) -> dict[str, str]:
         if sp.record is not None and sp.record.events:
             continue  # a rerun of this very identity: its reason already says why
         node = dag.nodes[label]
-        candidates = [d for d in reader.siblings(dag.prefix, node.name) if d != node.output_path]
+        candidates = [(n, d) for n, d in reader.siblings(dag.prefix, node.name) if d != node.output_path]
         best: tuple[tuple[int, int, float], OtherRun] | None = None
-        for other_dir in candidates[-MAX_CANDIDATES:]:
+        for other_name, other_dir in candidates[-MAX_CANDIDATES:]:
             changes = _changes_from(dag, label, reader, other_dir)
             if changes is None:
                 continue
             state, when = reader.state(other_dir)
             other = OtherRun(
-                _label_of(node.name, other_dir.rsplit("-", 1)[-1]), other_dir, state, when, changes
+                _label_of(other_name, other_dir.rsplit("-", 1)[-1]), other_dir, state, when, changes
             )
             rank = (len(changes), 0 if state == "SUCCESS" else 1, -(when or 0.0))
             if best is None or rank < best[0]:

@@ -239,6 +239,45 @@ def pid_gone(pid: int, timeout: float = 30) -> bool:
     return False
 
 
+SWEEP = """
+from pipeline import Step, executor_main, grid, sweep, this_output, versioned
+from tests.pipeline.stepfns import WriteConfig, write_value
+
+template = Step("train/sweep", write_value, WriteConfig(this_output(), versioned(0), {counter!r}, sleep=1.0))
+
+if __name__ == "__main__":
+    executor_main(sweep(template, grid(value=[1, 2, 3, 4, 5, 6])))
+"""
+
+
+@pytest.mark.timeout(420)
+def test_three_runners_of_one_sweep_file_run_each_point_once(cluster, tmp_path):
+    """N machines start the same sweep file on one prefix: the leases share the points out, each
+    runs once, and every runner ends with the whole sweep done (no claim_and_run needed)."""
+    counter, prefix, exp = tmp_path / "calls", tmp_path / "prefix", tmp_path / "sweep.py"
+    exp.write_text(SWEEP.format(counter=str(counter)))
+    command = [sys.executable, "-m", "pipeline", "run", str(exp), "--prefix", str(prefix)]
+    command += ["--ray_address", cluster, "--wait_poll_interval", "0.5"]
+    runners = [
+        subprocess.Popen(
+            command, env=ray_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(3)
+    ]
+    ended = [runner.communicate(timeout=360) for runner in runners]
+    for runner, (_out, err) in zip(runners, ended, strict=True):
+        assert runner.returncode == 0, err
+    # Each point's function ran once, in one runner, under one lease; every runner saw it done.
+    assert sorted(p.name for p in counter.iterdir()) == ["write.calls"]
+    assert len((counter / "write.calls").read_text().split()) == 6
+    store = StepStore(LocalStorage())
+    points = sorted((prefix / "train" / "sweep").glob("value=*"))
+    assert [p.name.rsplit("-", 1)[0] for p in points] == [f"value={v}" for v in range(1, 7)]
+    for point in points:
+        assert [e.event for e in store.events(str(point))] == [Event.RUNNING, Event.SUCCESS], point
+    assert all("FAILED" not in err for _out, err in ended)
+
+
 def test_ctrl_c_cancels_the_ray_task_and_releases_the_lease(cluster, tmp_path):
     pid_file = tmp_path / "pids"
     exp = tmp_path / "exp.py"
