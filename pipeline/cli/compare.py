@@ -25,6 +25,7 @@ from pipeline.observe.compare import (
     Row,
     compare_rows,
     manifest_steps,
+    merge_shared,
     rows_csv,
     rows_json,
     sort_rows,
@@ -71,6 +72,7 @@ def _compare(argv: list[str]) -> int:
                 field="RUN",
             )
         rows.extend(found)
+    rows = merge_shared(rows)
     if known.sort:
         try:
             rows = sort_rows(rows, known.sort, descending=known.desc)

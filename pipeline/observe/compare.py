@@ -16,6 +16,7 @@ shown, like `dvc exp show`.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -35,6 +36,7 @@ __all__ = [
     "differing_params",
     "loss_curves",
     "manifest_steps",
+    "merge_shared",
     "rows_csv",
     "rows_json",
     "sort_rows",
@@ -122,6 +124,19 @@ def compare_rows(steps: Sequence[CompareStep], store: StepStore) -> list[Row]:
                 params[f"{by_label[ancestor].name}.{path}"] = value
         rows.append(Row(step.run, step.label, step.name, step.output_path, params, merged[key]))
     return rows
+
+
+def merge_shared(rows: Sequence[Row]) -> list[Row]:
+    """One row per step directory: runs that share a training (two manifests of one sweep, a
+    rerun, an extended recipe) list it once, under every run that has it (`a.py, b.py`)."""
+    merged: dict[str, Row] = {}
+    for row in rows:
+        seen = merged.get(row.output_path)
+        if seen is None:
+            merged[row.output_path] = row
+        elif row.run not in seen.run.split(", "):
+            merged[row.output_path] = dataclasses.replace(seen, run=f"{seen.run}, {row.run}")
+    return list(merged.values())
 
 
 def _ancestors(

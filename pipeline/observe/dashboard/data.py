@@ -179,7 +179,18 @@ def list_experiments(storage: Storage, prefix: str) -> list[ExperimentSummary]:
                     storage, prefix, name, before.labels[name], summary.labels[name]
                 )
             )
-            out[i] = dataclasses.replace(summary, changed=changed, differences=differences)
+            # The graph may have changed too (a new sweep point, a renamed step): say which steps
+            # came and went, rather than nothing because no step kept its name and changed.
+            added = tuple(name for name in summary.labels if name not in before.labels)
+            removed = tuple(name for name in before.labels if name not in summary.labels)
+            out[i] = dataclasses.replace(
+                summary,
+                changed=changed,
+                differences=differences,
+                added=added,
+                removed=removed,
+                previous=before.id,
+            )
         previous[summary.experiment] = summary
     return sorted(out, key=lambda s: (-(s.started or 0.0), s.id))
 
@@ -474,7 +485,7 @@ def read_comparison(store: StepStore, prefix: str, manifest_ids: Sequence[str]) 
         steps.extend(
             s for s in compare.manifest_steps(manifest, manifest_id, prefix.rstrip("/")) if is_label(s.label)
         )
-    rows = compare.compare_rows(steps, store) if steps else []
+    rows = compare.merge_shared(compare.compare_rows(steps, store)) if steps else []
     return Comparison(
         runs=tuple(dict.fromkeys(manifest_ids)),
         params=tuple(compare.differing_params(rows)),

@@ -91,6 +91,13 @@ class ExperimentSummary:
     """For the changed steps: the versioned values that differ (`train/x: optimizer.learning_rate
     0.003 → 0.01`), read from the two `.step.json`s."""
     metrics: Mapping[str, float] = field(default_factory=dict)
+    added: tuple[str, ...] = ()
+    """Steps this run has that the previous run of the same experiment file did not (its graph grew:
+    a sweep with a new point)."""
+    removed: tuple[str, ...] = ()
+    """Steps the previous run had that this one does not."""
+    previous: str | None = None
+    """The id of the run it was compared with (None for an experiment file's first run)."""
     """Headline metrics this run recorded (`<step>: <metric>`), e.g. a training's final loss."""
 
 

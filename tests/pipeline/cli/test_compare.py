@@ -98,3 +98,22 @@ def test_mistakes_are_one_line_and_exit_2(runs, tmp_path, args, expect):
     assert done.returncode == 2, (done.stdout, done.stderr)
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and expect in lines[0], done.stderr
+
+
+def test_runs_that_share_a_training_list_it_once(runs):
+    """A rerun (or a second manifest of the same sweep) shares its trainings with the first: each
+    training is one row, under every run that has it."""
+    exp, prefix, manifests = runs
+    # The same recipe without its task scores: another DAG (another manifest), the same training.
+    smaller = exp.with_name("exp_no_tasks.py")
+    smaller.write_text(EXPERIMENT.replace("executor_main([evaluate, tasks])", "executor_main([evaluate])"))
+    again = drydock("run", str(smaller), "--prefix", str(prefix), "--backend", "local", lr="0.001")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "SUCCEEDED" not in again.stderr  # everything it needs is cached
+    (third,) = (prefix / "experiments").glob("exp_no_tasks-*.json")
+    done = drydock("compare", *map(str, [*manifests, third]), "--json")
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)["rows"]
+    assert sorted(r["params"]["learning_rate"] for r in rows) == [0.001, 0.01]
+    (shared,) = [r for r in rows if r["params"]["learning_rate"] == 0.001]
+    assert len(shared["run"].split(", ")) == 2, shared["run"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import signal
+import socket
 import subprocess
 import sys
 

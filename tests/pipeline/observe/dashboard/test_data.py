@@ -317,6 +317,16 @@ def test_every_run_keeps_its_history(tmp_path):
     assert newest.changed == ("work",) and second.changed == () and first.changed == ()
     # What distinguishes the newest run: the versioned value that changed.
     assert newest.differences == ("work: value 1 → 2",)
+    assert newest.previous == second.id and first.previous is None
+    # A graph that changed its steps (a sweep given another point, a step renamed): the run says
+    # which steps came and went, compared with the previous run of the same experiment file.
+    grown = [*steps(2), Step("work/value=3", flaky, FlakyConfig(this_output(), str(flag), versioned(3)))]
+    assert run_experiment(grown, config).ok
+    renamed = [Step("labour", flaky, FlakyConfig(this_output(), str(flag), versioned(2)))]
+    assert run_experiment(renamed, config).ok
+    latest, bigger = data.list_experiments(open_storage(prefix), prefix)[:2]
+    assert bigger.added == ("work/value=3",) and bigger.removed == () and bigger.changed == ()
+    assert latest.added == ("labour",) and set(latest.removed) == {"work", "work/value=3"}
     # The failed run's own page shows the step as that run left it.
     detail = data.read_experiment(store_of(prefix), prefix, first.id, run=first.run)
     assert [row.state for row in detail.steps] == ["FAILED"]
