@@ -191,7 +191,10 @@ class RayBackend(Backend):
                 ray.init(address=address, **kwargs)
             else:
                 # A private instance for this run ("local": never join another instance that
-                # happens to run on this machine), advertised on a loopback address.
+                # happens to run on this machine), advertised on a loopback address. Ray turns
+                # token authentication on for a new instance and says so on every start; it stays
+                # on, without the notice (a user's RAY_AUTH_MODE decides as always).
+                _quiet_auth_notice()
                 ray.init(
                     address="local",
                     num_cpus=num_cpus,
@@ -432,6 +435,12 @@ class RayBackend(Backend):
     def close(self) -> None:
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
+
+
+def _quiet_auth_notice() -> None:
+    """Ray's "Token authentication is enabled for this Ray cluster" warning, printed whenever a
+    private instance starts: a notice about a default, not a problem (`make run` stays quiet)."""
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
 
 
 def _free_port() -> int:

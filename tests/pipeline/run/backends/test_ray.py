@@ -277,3 +277,25 @@ def test_a_retried_training_gets_its_cpu_back_from_its_followers(tmp_path):
     assert events == [Event.RUNNING, Event.PREEMPTED, Event.RUNNING, Event.SUCCESS]
     for follower in ("evaluate/loss", "evaluate/tasks"):
         assert (only_dir(prefix, follower) / "seen.json").exists()
+
+
+def test_a_private_instance_starts_without_rays_token_notice(tmp_path):
+    """`make run` on a fresh machine: no RAY_AUTH_MODE set, no token yet. Ray turns token
+    authentication on for the new instance (it stays on) and its notice is not printed."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
+    env.update(HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "experiments" / "hello.py"), "--prefix", str(tmp_path / "prefix")],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "ray: private local instance" in done.stderr
+    assert "Token authentication" not in done.stderr, done.stderr
+    assert (tmp_path / "home" / ".ray" / "auth_token").exists()  # the instance used a token
