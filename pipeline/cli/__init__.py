@@ -161,7 +161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `drydock rerun --help` before a file or manifest is named: what the command does and
         # its options (`drydock run FILE --help` lists every option with its default).
         takes_file = " FILE" in command.usage or " MANIFEST" in command.usage
-        print("\n".join([f"usage: {command.usage}", "", command.help, *(["", _OPTIONS] if takes_file else [])]))
+        print(
+            "\n".join([f"usage: {command.usage}", "", command.help, *(["", _OPTIONS] if takes_file else [])])
+        )
         return 0
     # Imported on use: `dashboard` loads the web stack, `run` the engine; `--help` loads neither.
     function = getattr(importlib.import_module(command.module), command.function)

@@ -7,6 +7,7 @@ the prefix and the address, and starts it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -80,8 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     allowed = list(args.allow_host)
     if not is_loopback(args.host) and args.host not in ("0.0.0.0", "::"):
         allowed.append(args.host)  # the address it was asked to listen on names it
-    try:
+    # uvicorn stops on Ctrl-C, then raises it again: stopping is what was asked.
+    with contextlib.suppress(KeyboardInterrupt):
         serve(prefix, sock, allowed)
-    except KeyboardInterrupt:
-        pass  # uvicorn stops on Ctrl-C, then raises it again: stopping is what was asked
     return 0

@@ -298,7 +298,9 @@ def test_cli_usage_errors(tmp_path):
     assert result.returncode == 2 and "did not call executor_main" in result.stderr
 
 
-@pytest.mark.parametrize("command", ["run", "plan", "status", "rerun", "dag", "explain", "compare", "gc", "pin", "adopt"])
+@pytest.mark.parametrize(
+    "command", ["run", "plan", "status", "rerun", "dag", "explain", "compare", "gc", "pin", "adopt"]
+)
 def test_a_commands_help_before_its_file_is_its_usage(command):
     """`drydock rerun --help` with no manifest yet: the command's usage, exit 0."""
     result = drydock(command, "--help")
