@@ -62,6 +62,24 @@ class MixtureConfig:
     """Most times any component may be read; None means no limit."""
 
 
+def _check_component(name: str, key: str, value: Any) -> None:
+    """A component is tokenized data: a tokenize step (or a step of one's own that writes a
+    tokenized cache, or a path). Another step of this library (a training, an evaluation, a
+    mixture) writes no cache, and would fail only when the mixture runs."""
+    if not isinstance(value, Step):
+        return
+    from steps.tokenize import tokenize
+
+    module = getattr(value.fn, "__module__", "") or ""
+    if value.fn is not tokenize and module.startswith("steps."):
+        kind = getattr(value.fn, "__name__", "step")
+        raise StepDeclarationError(
+            name,
+            f"{value.name!r} is a {kind} step, not tokenized data: give a tokenize step (tokenize_step(...))",
+            field=f"components[{key!r}]",
+        )
+
+
 def mixture_step(
     name: str,
     *,
@@ -79,6 +97,8 @@ def mixture_step(
     component that does not exist, no positive weight in a phase, a phase past the end, a
     validation set that is not a component): a `StepDeclarationError` naming the field.
     """
+    for key, value in components.items():
+        _check_component(name, key, value)
     paths = {key: output_of(value) if isinstance(value, Step) else value for key, value in components.items()}
     try:
         schedule: Any = (

@@ -136,3 +136,20 @@ def test_mixture_errors_name_the_component(tmp_path, tokenizer_dir):
     with pytest.raises(MixtureError, match="would be read"):
         mixture(MixtureConfig(**{**base, "target_tokens": 10**7}, max_epochs=1))
     assert not (tmp_path / "mix").exists()
+
+
+def test_a_training_given_as_a_component_is_refused_at_declaration():
+    """A mixture component is tokenized data; a training's output writes none (it failed only when
+    the mixture ran). A tokenize step, a path, or a step of one's own are taken."""
+    from pipeline import Step, StepDeclarationError, this_output
+    from steps.mixture import mixture_step
+    from tests.pipeline.stepfns import WriteConfig, write_value
+    from tests.steps.test_follow import tiny_training
+
+    own = Step("data/own-cache", write_value, WriteConfig(this_output()))
+    kwargs = {"weights": {"a": 1.0, "b": 1.0}, "target_tokens": 1024, "batch_size": 8, "seq_len": 128}
+    with pytest.raises(StepDeclarationError) as err:
+        mixture_step("mixture/x", components={"a": tiny_training(), "b": "/data/tokenized/b"}, **kwargs)
+    assert str(err.value).startswith("step 'mixture/x', field `components['a']`: ")
+    assert "is a train_moe step, not tokenized data" in str(err.value)
+    assert mixture_step("mixture/x", components={"a": own, "b": "/data/tokenized/b"}, **kwargs)
