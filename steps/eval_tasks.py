@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import json
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -249,6 +250,54 @@ def _check_inline(task: EvalTask, where: str, data_root: str | None) -> None:
         local = resolve_data_path(path, data_root)
         if "://" not in local and not os.path.isfile(local):
             raise ValueError(f"{where}.data[{split!r}]: task data missing: no file {local}")
+        if "://" not in local:  # a remote file is checked where it is read, with the same message
+            check_rows(task, split, local, where)
+
+
+def check_rows(task: EvalTask, split: str, path: str, where: str, shown: str | None = None) -> None:
+    """Every row of an inline task's file `path` is a JSON object its templates can read, and for a
+    multiple-choice task gives a non-empty list of choices and a target among them; else one
+    ValueError naming the task, the file (`shown`, default `path`) and the row's line. (lm-eval
+    would take a target outside the choices and score it as always wrong.)"""
+    choices = task.output_type == "multiple_choice"
+    templates = {
+        name: TaskTemplate(getattr(task, name), name, choices)
+        for name in TEMPLATE_FIELDS
+        if getattr(task, name) is not None
+    }
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            at = f"{where}.data[{split!r}]: {shown or path} line {number}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{at}: not JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{at}: a row is a JSON object, not {type(row).__name__}")
+            _check_row(row, templates, at)
+
+
+def _check_row(row: dict[str, Any], templates: Mapping[str, TaskTemplate], at: str) -> None:
+    values: dict[str, Any] = {}
+    for name, template in templates.items():
+        try:
+            values[name] = template(row)
+        except Exception as e:  # a template that reads a field the row lacks renders nothing
+            raise ValueError(f"{at}: {name} {template.source!r} cannot be read from this row ({e})") from None
+    if "doc_to_choice" not in templates:
+        return
+    choices, target = values["doc_to_choice"], values.get("doc_to_target")
+    if not isinstance(choices, list | tuple) or not choices:
+        raise ValueError(f"{at}: doc_to_choice gives {choices!r}, not a non-empty list of choices")
+    for one in target if isinstance(target, list) else [target]:
+        if isinstance(one, bool) or not isinstance(one, int | str):
+            raise ValueError(f"{at}: doc_to_target gives {one!r}, not a choice's index or text")
+        if isinstance(one, int) and not 0 <= one < len(choices):
+            raise ValueError(f"{at}: the answer index {one} is outside its {len(choices)} choices")
+        if isinstance(one, str) and one not in choices:
+            raise ValueError(f"{at}: the answer {one!r} is not one of its choices {list(choices)!r}")
 
 
 def _check_inline_fields(task: EvalTask, where: str) -> None:

@@ -36,7 +36,7 @@ from typing import Any
 import fsspec
 
 from pipeline import Resources, Step, StepDeclarationError, output_of, step_function, this_output, versioned
-from steps.eval_tasks import EvalTask, check_tasks, lm_eval_spec, resolve_data_path
+from steps.eval_tasks import EvalTask, check_rows, check_tasks, lm_eval_spec, resolve_data_path
 from steps.files import exists, read_json, write_json, write_text
 from steps.follow import (
     FollowSettings,
@@ -203,12 +203,18 @@ def _local_task_files(
     scratch = tempfile.mkdtemp(prefix="drydock-tasks-", dir=os.environ.get("DRYDOCK_SCRATCH") or None)
     try:
         files: dict[str, dict[str, str] | None] = {}
-        for task in tasks:
+        for i, task in enumerate(tasks):
             if task.inline:
                 assert task.data is not None
                 wanted = {
                     split: resolve_data_path(path, config.data_root) for split, path in task.data.items()
                 }
+                local = {split: _local_copy(path, scratch, task, split) for split, path in wanted.items()}
+                for split, path in wanted.items():
+                    if "://" in path and not path.startswith("file://"):  # local files: at declaration
+                        check_rows(task, split, local[split], f"tasks[{i}] ({task.name})", shown=path)
+                files[task.key] = local
+                continue
             elif config.task_data is not None:
                 wanted = _registry_files(task, config.task_data)
             else:

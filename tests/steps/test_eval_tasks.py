@@ -141,3 +141,61 @@ def test_a_task_at_two_few_shot_counts_is_two_tasks(tmp_path):
             str(ROOT),
             None,
         )
+
+
+BAD_ROWS = [
+    (
+        '{"query": "1 + 1 =", "choices": ["2", "3"], "gold": 0}\n{"query": "2 + 2 =", "choi',
+        "line 2: not JSON",
+    ),
+    ('{"query": "1 + 1 =", "gold": 0}\n', "line 1: doc_to_choice '{{choices}}' cannot be read from this row"),
+    (
+        '{"query": "1 + 1 =", "choices": ["2", "3"], "gold": 2}\n',
+        "line 1: the answer index 2 is outside its 2",
+    ),
+    ('{"query": "1 + 1 =", "choices": [], "gold": 0}\n', "line 1: doc_to_choice gives [], not a non-empty"),
+    ('["1 + 1 =", ["2"], 0]\n', "line 1: a row is a JSON object, not list"),
+]
+
+
+@pytest.mark.parametrize(("rows", "expect"), BAD_ROWS)
+def test_a_task_files_bad_row_is_found_when_the_step_is_declared(tmp_path, rows, expect):
+    """A malformed row, a row without choices, an answer outside its choices: lm-eval would take
+    them (a wrong accuracy, or a crash mid-evaluation); the declaration names task, file and line."""
+    import dataclasses
+
+    (tmp_path / "test.jsonl").write_text(rows)
+    task = dataclasses.replace(DEMO_TASKS[0], data={"test": "test.jsonl"}, num_fewshot=0, fewshot_split=None)
+    with pytest.raises(ValueError) as err:
+        check_tasks([task], str(tmp_path), None)
+    message = str(err.value)
+    assert message.startswith(f"tasks[0] (sums).data['test']: {tmp_path}/test.jsonl {expect}"), message
+    from steps.task_eval import task_eval_step
+    from tests.steps.test_follow import tiny_training
+
+    with pytest.raises(StepDeclarationError, match=r"step 'tasks/x', field `tasks\[0\] \(sums\)"):
+        task_eval_step("tasks/x", train=tiny_training(), tasks=[task], data_root=str(tmp_path))
+
+
+def test_a_remote_task_files_bad_row_fails_the_step_with_the_same_message(tmp_path):
+    import dataclasses
+
+    import fsspec
+
+    from steps.task_eval import TaskEvalConfig, _local_task_files
+
+    url = "memory://drydock-tasks/sums/test.jsonl"
+    with fsspec.open(url, "w") as f:
+        f.write('{"query": "1 + 1 =", "choices": ["2", "3"], "gold": 7}\n')
+    task = dataclasses.replace(DEMO_TASKS[0], data={"test": url}, num_fewshot=0, fewshot_split=None)
+    check_tasks([task], None, None)  # remote: not read at declaration
+    config = TaskEvalConfig(
+        train=str(tmp_path), data=str(tmp_path), output=str(tmp_path / "out"), tasks=(task,)
+    )
+    with (
+        pytest.raises(
+            ValueError, match=rf"^tasks\[0\] \(sums\).data\['test'\]: {url} line 1: the answer index 7"
+        ),
+        _local_task_files([task], config),
+    ):
+        pass
