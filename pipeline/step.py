@@ -259,6 +259,10 @@ class StepHooks:
     which anyone may have edited). It sees the config with versioned values unwrapped and paths
     still placeholders. Raises `ValueError("field: what is wrong")`; the engine calls it before
     anything runs and turns it into one error naming the step and field."""
+    warnings: Callable[[Any], Any] | None = None
+    """`warnings(config) -> list[str]`: what looks wrong but may be meant (a learning rate far
+    outside any usual range), said by `drydock plan` and as a run starts, for the steps that will
+    run; never raises, never stops anything."""
     watchdog: HangPolicy | None = None
     """The pace the step function keeps: with a policy, the runner's watchdog watches its
     progress reports and, when they stop for longer than the policy's bound, saves every process's
@@ -282,6 +286,7 @@ def step_function(
     inputs: Callable[[Any], Any] | None = None,
     check: Callable[[Any], Any] | None = None,
     watchdog: HangPolicy | None = None,
+    warnings: Callable[[Any], Any] | None = None,
 ) -> Any:
     """Declare a step function and its hooks; usable bare (`@step_function`) or with arguments.
 
@@ -291,7 +296,7 @@ def step_function(
     The function itself is returned unchanged (it stays importable under its own name); the hooks
     are read with `hooks_of`.
     """
-    hooks = StepHooks(preview, report, metrics, fresh_process, inputs, check, watchdog)
+    hooks = StepHooks(preview, report, metrics, fresh_process, inputs, check, warnings, watchdog)
 
     def declare(function: F) -> F:
         setattr(function, _HOOKS_ATTRIBUTE, hooks)

@@ -791,6 +791,31 @@ def _upload_logs(local: str, remote: str) -> None:
 # pause it; an hour before the first step, which compiles), and retries it from its checkpoint.
 TRAINING_PACE = HangPolicy(factor=10.0, floor=600.0, startup=3600.0)
 
+LEARNING_RATES = (1e-6, 1.0)
+"""Peak learning rates outside this range are almost surely a typo (`3e3` for `3e-3`): said by the
+plan, not refused (an experiment may mean it)."""
+
+
+def plan_warnings(config: TrainMoeConfig) -> list[str]:
+    """What `drydock plan` says about a training that looks wrong but may be meant."""
+    optimizer = config.optimizer
+    rates = {"optimizer.learning_rate": optimizer.learning_rate}
+    if optimizer.name == "muon":
+        rates["optimizer.adam_learning_rate"] = optimizer.adam_learning_rate
+    low, high = LEARNING_RATES
+    return [
+        f"{name} = {rate:g} is far outside the usual range ({low:g} to {high:g}): a typo?"
+        for name, rate in rates.items()
+        if isinstance(rate, int | float) and not low <= rate <= high
+    ]
+
+
 step_function(
-    train_moe, preview=preview, report=report, metrics=metrics, fresh_process=True, watchdog=TRAINING_PACE
+    train_moe,
+    preview=preview,
+    report=report,
+    metrics=metrics,
+    warnings=plan_warnings,
+    fresh_process=True,
+    watchdog=TRAINING_PACE,
 )

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from pipeline.cli.common import quiet_broken_pipe
+from pipeline.cli.common import output_may_close, quiet_broken_pipe
 from pipeline.cli.loading import ExperimentCall, current_handler, run_file, split_source
 from pipeline.core.plan import Plan, State
 from pipeline.core.report import RunReport
@@ -31,7 +31,7 @@ from pipeline.observe.explain import plan_explanations
 from pipeline.observe.render import format_preview, plan_table, print_table, run_summary
 from pipeline.run.backends.ray_resources import follower_shortfalls
 from pipeline.run.experiment import run_experiment
-from pipeline.run.hooks import step_previews, step_reports
+from pipeline.run.hooks import step_previews, step_reports, step_warnings
 from pipeline.run.options import parse_options, validate_options
 from pipeline.run.worker import QuietConsole
 from pipeline.step import Step
@@ -189,11 +189,12 @@ def _stdout_to_stderr() -> Any:
 def _run_and_print(call: ExperimentCall) -> int:
     """Run the experiment, then print its outcome: a table on stderr, reports and outputs on stdout."""
     steps, config, description, source_file = call.steps, call.config, call.description, call.source_file
-    if config.json:
-        with _stdout_to_stderr():
+    with output_may_close():  # Ctrl-C also ends a `| tee`: the run still cancels and closes cleanly
+        if config.json:
+            with _stdout_to_stderr():
+                result = run_experiment(steps, config, description=description, source_file=source_file)
+        else:
             result = run_experiment(steps, config, description=description, source_file=source_file)
-    else:
-        result = run_experiment(steps, config, description=description, source_file=source_file)
     if isinstance(result, Plan):
         previews = step_previews(result)
         explanations = plan_explanations(result, open_storage(result.dag.prefix))
@@ -245,9 +246,10 @@ def _plan_warnings(plan: Plan, config: Any) -> list[str]:
     """What a plan can tell before a backend starts: on the default private Ray instance (whose
     CPUs are this machine's, or --ray.num_cpus), followers that cannot run beside what they follow.
     A cluster's resources are known only when the run connects to it (the run warns then)."""
+    said = step_warnings(plan)
     if config.backend != "ray" or config.ray.address:
-        return []
-    return follower_shortfalls(plan, {"CPU": float(config.ray.num_cpus or os.cpu_count() or 1)})
+        return said
+    return [*said, *follower_shortfalls(plan, {"CPU": float(config.ray.num_cpus or os.cpu_count() or 1)})]
 
 
 def _print_results(

@@ -29,6 +29,7 @@ from pipeline.run.alerts import AlertLog, Notifier
 from pipeline.run.backends import make_backend
 from pipeline.run.console import RunConsole
 from pipeline.run.executor import ExecutionOptions, Reporter, execute
+from pipeline.run.hooks import step_warnings
 from pipeline.run.listing import input_notes
 from pipeline.run.manifest import ManifestBuilder
 from pipeline.run.options import ExecutorMainConfig, notify_url, resolve_prefix, validate_options
@@ -117,7 +118,7 @@ def run_experiment(
     needs_backend = bool(plan.in_state(State.RUN, State.WAIT))
     backend = make_backend(config.backend if needs_backend else "local", config)
     try:
-        warnings = backend.validate(plan)
+        warnings = [*step_warnings(plan), *backend.validate(plan)]
         store.storage.check_writable(dag.prefix)
     except BaseException:
         backend.close()

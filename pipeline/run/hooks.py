@@ -24,7 +24,7 @@ from pipeline.core.plan import Plan, State
 from pipeline.core.report import RunReport
 from pipeline.step import StepHooks, hooks_of
 
-__all__ = ["call_hook", "step_previews", "step_reports", "step_summary"]
+__all__ = ["call_hook", "step_previews", "step_reports", "step_summary", "step_warnings"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +33,23 @@ def step_previews(plan: Plan) -> dict[str, str | Mapping[str, Any]]:
     """Label -> preview, for the steps whose function has a `preview` with something to say."""
     labels = plan.in_state(State.RUN, State.WAIT, State.CACHED)
     return _call_each(plan.dag, labels, lambda h: h.preview, "would fail")
+
+
+def step_warnings(plan: Plan) -> list[str]:
+    """`step 'x': ...` for what the `warnings` hooks of the steps that will run have to say."""
+    out: list[str] = []
+    for label in plan.in_state(State.RUN):
+        node = plan.dag.nodes[label]
+        hook = hooks_of(node.step.fn).warnings
+        if hook is None:
+            continue
+        try:
+            said = list(hook(resolved_config(plan.dag, label)) or ())
+        except Exception as e:  # a warning hook never breaks a plan
+            logger.warning("warnings of %s failed: %s", label, e)
+            continue
+        out.extend(f"step {node.name!r}: {line}" for line in said)
+    return out
 
 
 def step_reports(report: RunReport) -> dict[str, str | Mapping[str, Any]]:

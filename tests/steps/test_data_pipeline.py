@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from pipeline import ExecutorMainConfig, run_experiment
 from pipeline.core.plan import Plan, State
 from pipeline.run.executor import RunReport
 from pipeline.run.hooks import step_previews
 from steps.mixture import load_data_config, mixture_step
+from steps.moe import TINY_MOE
 from steps.tokenize import tokenize_step
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,3 +93,25 @@ def test_the_plan_shows_training_parameters_and_tokens_before_any_data_exists(tm
     (mix,) = [text for label, text in previews.items() if label.startswith("mixture/")]
     assert "tokens and epochs per component once the components are tokenized" in mix
     assert "from step 64: arithmetic 0.200, prose 0.800" in mix
+
+
+@pytest.mark.parametrize(("rate", "warned"), [(3e3, True), (3e-3, False), (1e-9, True)])
+def test_the_plan_warns_of_a_learning_rate_far_outside_any_usual_range(tmp_path, rate, warned):
+    """`learning_rate=3e3` for `3e-3`: said by the plan (and as a run starts), not refused."""
+    from pipeline.run.hooks import step_warnings
+    from steps.train_moe import OptimizerSpec, train_moe_step
+
+    train = train_moe_step(
+        "train/x",
+        data=dag()[0],
+        model=TINY_MOE,
+        optimizer=OptimizerSpec(learning_rate=rate),
+        batch_size=8,
+        seq_len=128,
+        num_steps=16,
+        vocab_size=1691,
+    )
+    plan = run_experiment([train], ExecutorMainConfig(prefix=str(tmp_path / "p"), dry_run=True))
+    said = step_warnings(plan)
+    expect = f"step 'train/x': optimizer.learning_rate = {rate:g} is far outside the usual range"
+    assert said == ([f"{expect} (1e-06 to 1): a typo?"] if warned else [])
