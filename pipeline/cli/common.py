@@ -3,17 +3,28 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
+import errno
+import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from pipeline.core.dag import Dag
 from pipeline.errors import DrydockError, StepDeclarationError
 from pipeline.storage.manifests import is_manifest
 
-__all__ = ["BROKEN_PIPE", "Parser", "find_step", "guarded", "needs_target", "quiet_broken_pipe"]
+__all__ = [
+    "BROKEN_PIPE",
+    "Parser",
+    "find_step",
+    "guarded",
+    "needs_target",
+    "output_may_close",
+    "quiet_broken_pipe",
+]
 
 BROKEN_PIPE = 141
 """The exit code of a command whose stdout reader went away, as a shell reports one killed by SIGPIPE."""
@@ -32,6 +43,65 @@ def quiet_broken_pipe(fn: Callable[[], int]) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return BROKEN_PIPE
+
+
+class _SurvivingStream:
+    """A text stream whose reader may go away (`drydock run ... 2>&1 | tee log`, and Ctrl-C ends
+    `tee` too): a write that meets a broken pipe is dropped, and so is every later one, instead of
+    raising in the middle of whatever printed (cancelling steps and closing the run's record)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.broken = False
+
+    def write(self, text: str) -> int:
+        if not self.broken:
+            try:
+                return int(self._stream.write(text))
+            except OSError as e:
+                self._lost(e)
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.broken:
+            try:
+                self._stream.flush()
+            except OSError as e:
+                self._lost(e)
+
+    def _lost(self, error: OSError) -> None:
+        if not isinstance(error, BrokenPipeError) and error.errno != errno.EPIPE:
+            raise error
+        self.broken = True
+        # What is still buffered, and what native code or Python's exit would flush, goes nowhere.
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def output_may_close() -> Iterator[None]:
+    """Meanwhile, stdout and stderr (and the log handlers writing to them) never raise because
+    their reader went away: a run cancels its steps and closes its record whatever its output."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _SurvivingStream(saved[0]), _SurvivingStream(saved[1])
+    handlers = [
+        (h, h.stream)
+        for h in logging.getLogger().handlers
+        if isinstance(h, logging.StreamHandler) and h.stream in saved
+    ]
+    for handler, stream in handlers:
+        handler.setStream(sys.stdout if stream is saved[0] else sys.stderr)
+    try:
+        yield
+    finally:
+        for handler, stream in handlers:
+            handler.setStream(stream)
+        sys.stdout, sys.stderr = saved
 
 
 class Parser(argparse.ArgumentParser):

@@ -299,3 +299,70 @@ def test_a_private_instance_starts_without_rays_token_notice(tmp_path):
     assert "ray: private local instance" in done.stderr
     assert "Token authentication" not in done.stderr, done.stderr
     assert (tmp_path / "home" / ".ray" / "auth_token").exists()  # the instance used a token
+
+
+PIPED = """
+from pipeline import Resources, Step, executor_main, output_of, this_output
+from tests.pipeline.run.backends.rayfns import FollowConfig, ProduceConfig, follow_items, produce
+
+train = Step("train/long", produce, ProduceConfig(this_output(), count=600, every=0.1),
+             resources=Resources(cpus=1))
+follower = Step("evaluate/long", follow_items,
+                FollowConfig(this_output(), output_of(train, blocking=False), timeout=600),
+                resources=Resources(cpus=1))
+
+if __name__ == "__main__":
+    executor_main([train, follower])
+"""
+
+
+@pytest.mark.timeout(240)
+def test_ctrl_c_with_the_output_in_a_pipe_cancels_and_closes_the_run(tmp_path):
+    """`drydock run FILE 2>&1 | tee log`, then Ctrl-C: it reaches `tee` too, so the run's output
+    has no reader while it cancels. Its steps end CANCELLED (not FAILED) and its record is closed."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    exp, prefix = tmp_path / "piped.py", tmp_path / "prefix"
+    exp.write_text(PIPED)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    read, write = os.pipe()
+    runner = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "run",
+            str(exp),
+            "--prefix",
+            str(prefix),
+            "--wait_poll_interval",
+            "0.2",
+        ],
+        stdout=write,
+        stderr=write,
+        env=env,
+        cwd=ROOT,
+    )
+    os.close(write)
+    reader = os.fdopen(read, "rb")
+    seen = b""
+    deadline = time.monotonic() + 180
+    while b"RUNNING    evaluate/long" not in seen and time.monotonic() < deadline:
+        line = reader.readline()
+        assert line, seen.decode()  # the runner ended early
+        seen += line
+    time.sleep(1.0)  # the follower is inside its function, waiting on the training's items
+    reader.close()  # `tee` is gone: every later write to the pipe fails
+    runner.send_signal(signal.SIGINT)
+    assert runner.wait(timeout=120) == 130
+    store = StepStore(LocalStorage())
+    for name in ("train/long", "evaluate/long"):
+        (step_dir,) = prefix.glob(f"{name}-*")
+        events = [e.event for e in store.events(str(step_dir))]
+        assert events[-1] == Event.CANCELLED, (name, events)
+        assert store.lease(str(step_dir)).released
+    (record,) = prefix.glob("experiments/runs/*/*.json")
+    assert json.loads(record.read_text())["finished"] is True
