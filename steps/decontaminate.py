@@ -51,7 +51,14 @@ from pipeline.run.parallel import parallel_map
 from steps.eval_tasks import EvalTask
 from steps.files import exists, read_json, write_file, write_json
 from steps.shards import ShardError, is_shard, shard_records, shard_texts, write_kept
-from steps.sources import InputError, RawDataset, input_identity, raw_listing, read_files
+from steps.sources import (
+    InputError,
+    RawDataset,
+    check_local_inputs_exist,
+    input_identity,
+    raw_listing,
+    read_files,
+)
 
 __all__ = ["DecontaminateConfig", "DecontaminateError", "decontaminate", "decontaminate_step", "ngram_hashes"]
 
@@ -177,7 +184,12 @@ def _report(config: DecontaminateConfig) -> str | None:
     )
 
 
-@step_function(inputs=decontaminate_inputs, report=_report)
+def _inputs_exist(config: DecontaminateConfig) -> None:
+    """For a step rebuilt from a manifest: its local files are where it says (`--remap` them)."""
+    check_local_inputs_exist({"inputs": config.inputs, "evaluation": config.evaluation}, config.input_root)
+
+
+@step_function(inputs=decontaminate_inputs, report=_report, check=_inputs_exist)
 def decontaminate(config: DecontaminateConfig) -> None:
     """Decontaminate `config.inputs` against `config.evaluation` into `config.output`."""
     started = time.time()

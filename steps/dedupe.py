@@ -59,7 +59,14 @@ from pipeline import (
 from pipeline.run.parallel import parallel_map
 from steps.files import exists, read_bytes, read_json, write_file, write_json
 from steps.shards import ShardError, is_shard, shard_texts, write_kept
-from steps.sources import InputError, RawDataset, input_identity, raw_listing, read_files
+from steps.sources import (
+    InputError,
+    RawDataset,
+    check_local_inputs_exist,
+    input_identity,
+    raw_listing,
+    read_files,
+)
 
 __all__ = ["DedupeConfig", "DedupeError", "dedupe", "dedupe_step", "normalize"]
 
@@ -188,7 +195,12 @@ def _report(config: DedupeConfig) -> str | None:
     )
 
 
-@step_function(inputs=dedupe_inputs, report=_report)
+def _inputs_exist(config: DedupeConfig) -> None:
+    """For a step rebuilt from a manifest: its local inputs are where it says (`--remap` them)."""
+    check_local_inputs_exist({"inputs": config.inputs}, config.input_root)
+
+
+@step_function(inputs=dedupe_inputs, report=_report, check=_inputs_exist)
 def dedupe(config: DedupeConfig) -> None:
     """Deduplicate `config.inputs` into `config.output` (see the module docstring)."""
     _check(

@@ -265,6 +265,24 @@ def expand_input(
     return out
 
 
+def check_local_inputs_exist(groups: Mapping[str, Sequence[Any]], root: str | None) -> None:
+    """Each local raw input of `groups` (field -> specs) names files that exist: `ValueError`
+    ("field[i]: input ... matches no files") otherwise. Upstream outputs and URLs are left to the
+    step (reading storage is its job). For a step rebuilt from a manifest, whose identities were
+    recorded rather than computed from the files (a colleague's checkout elsewhere, `--remap`)."""
+    if root is not None and "://" in root:
+        return
+    for field_name, specs in groups.items():
+        for i, spec in enumerate(specs):
+            if not isinstance(spec, str) or "://" in spec:
+                continue  # an upstream step's output (a placeholder), a dataset, a URL
+            try:
+                expand_input(spec, root)
+            except InputError as e:
+                under = f" under {root}" if root is not None and not os.path.isabs(spec) else ""
+                raise ValueError(f"{field_name}[{i}]: {e}{under}") from None
+
+
 def _check_budget(dataset: RawDataset, url: str, region: str | None, size: int) -> None:
     """Refuse to read more than the dataset's budget from a location in another region. Known
     only where both regions are: this process's (`current_region`) and the location's."""

@@ -24,7 +24,16 @@ from pipeline.run.options import ExecutorMainConfig, parse_options
 from pipeline.step import Step
 from pipeline.storage.manifests import is_manifest
 
-__all__ = ["ExperimentCall", "Loaded", "current_handler", "intercept", "load", "run_file", "split_source"]
+__all__ = [
+    "ExperimentCall",
+    "Loaded",
+    "current_handler",
+    "intercept",
+    "load",
+    "run_file",
+    "split_remaps",
+    "split_source",
+]
 
 
 @dataclass(frozen=True)
@@ -153,6 +162,32 @@ def split_source(options: Sequence[str]) -> tuple[str | None, list[str]]:
     return source, rest
 
 
+def split_remaps(options: Sequence[str]) -> tuple[list[tuple[str, str]], list[str]]:
+    """`--remap OLD=NEW` (repeatable; or `--remap=OLD=NEW`) taken out of a manifest command's
+    options: recorded paths under OLD are read under NEW (`pipeline.run.recipe.remap_recipe`)."""
+    remaps: list[tuple[str, str]] = []
+    rest: list[str] = []
+    items = list(options)
+    i = 0
+    while i < len(items):
+        arg = items[i]
+        if arg == "--remap" or arg.startswith("--remap="):
+            if arg == "--remap":
+                if i + 1 >= len(items):
+                    raise StepDeclarationError(None, "needs OLD=NEW: --remap OLD=NEW", field="--remap")
+                value, i = items[i + 1], i + 2
+            else:
+                value, i = arg.split("=", 1)[1], i + 1
+            old, sep, new = value.partition("=")
+            if not sep or not old or not new:
+                raise StepDeclarationError(None, f"{value!r} is not OLD=NEW (two paths)", field="--remap")
+            remaps.append((old, new))
+            continue
+        rest.append(arg)
+        i += 1
+    return remaps, rest
+
+
 def load(target: str, options: Sequence[str], body: Callable[[Loaded], int]) -> int:
     """Call `body` with the steps and options of an experiment file or a manifest's recipe.
 
@@ -163,7 +198,8 @@ def load(target: str, options: Sequence[str], body: Callable[[Loaded], int]) -> 
         from pipeline.run.recipe import load_recipe, rerun_argv
 
         source, options = split_source(options)
-        manifest, roots = load_recipe(target, source)
+        remaps, options = split_remaps(options)
+        manifest, roots = load_recipe(target, source, remaps)
         config = parse_options(rerun_argv(manifest, options))
         return body(Loaded(list(roots), config, manifest.get("description") or ""))
     if not os.path.isfile(target):

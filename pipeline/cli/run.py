@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from pipeline.cli.common import output_may_close, quiet_broken_pipe
-from pipeline.cli.loading import ExperimentCall, current_handler, run_file, split_source
+from pipeline.cli.loading import ExperimentCall, current_handler, run_file, split_remaps, split_source
 from pipeline.core.plan import Plan, State
 from pipeline.core.report import RunReport
 from pipeline.errors import DrydockError
@@ -114,12 +114,15 @@ def _run_target(command: str, args: Sequence[str], extra: list[str]) -> int:
 
 def run_manifest(location: str, options: Sequence[str]) -> int:
     """Rebuild the DAG recorded in the manifest at `location` and run (or plan) it."""
-    from pipeline.run.recipe import rebuild_recipe, recipe_code, rerun_argv
+    from pipeline.run.recipe import rebuild_recipe, recipe_code, remap_recipe, rerun_argv
     from pipeline.storage.manifests import load_manifest
 
     try:
         source, options = split_source(options)
+        remaps, options = split_remaps(options)
         manifest = load_manifest(location)
+        if remaps:
+            manifest = remap_recipe(manifest, remaps)
         if "--dry_run" in options or any(o.startswith("--dry_run=") for o in options):
             # A recipe may be someone else's: the plan shows the code it would run, first.
             print("code this recipe runs:", file=sys.stderr)

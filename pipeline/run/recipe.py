@@ -45,6 +45,8 @@ __all__ = [
     "rebuild_recipe",
     "recipe_code",
     "recipe_entries",
+    "remap_recipe",
+    "rerun_argv",
     "steps_from_manifest",
 ]
 
@@ -476,7 +478,9 @@ def recipe_code(manifest: Mapping[str, Any]) -> dict[str, list[str]]:
     return out
 
 
-def load_recipe(location: str, source: str | None = None) -> tuple[dict[str, Any], list[Step]]:
+def load_recipe(
+    location: str, source: str | None = None, remaps: Sequence[tuple[str, str]] = ()
+) -> tuple[dict[str, Any], list[Step]]:
     """Read the manifest at `location` and rebuild its root steps, checking their identities.
 
     The rebuilt DAG must have exactly the recorded labels: a difference means the installed code
@@ -484,6 +488,8 @@ def load_recipe(location: str, source: str | None = None) -> tuple[dict[str, Any
     would quietly compute different steps, so it is an error that names them.
     """
     manifest = load_manifest(location)
+    if remaps:
+        manifest = remap_recipe(manifest, remaps)
     return manifest, rebuild_recipe(manifest, location, source)
 
 
@@ -506,6 +512,41 @@ def rebuild_recipe(manifest: dict[str, Any], location: str, source: str | None =
             field="MANIFEST",
         )
     return roots
+
+
+def remap_recipe(manifest: Mapping[str, Any], remaps: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """`manifest` with every path its steps' configs record under an `OLD` of `remaps` moved under
+    its `NEW` (`--remap /home/alice/drydock=/home/bob/drydock`: where a colleague's checkout, data
+    or tokenizer lives here). A path is under OLD if it is OLD or starts with `OLD/`. Identities
+    do not change where a path is kept out of them (an input root; content-addressed inputs).
+    An OLD that no recorded path starts with is a `RecipeError` (a typo would silently do nothing)."""
+    used = {old: False for old, _new in remaps}
+
+    def move(value: Any) -> Any:
+        if isinstance(value, str):
+            for old, new in remaps:
+                base = old.rstrip("/")
+                if value == base or value.startswith(base + "/"):
+                    used[old] = True
+                    return new.rstrip("/") + value[len(base) :]
+            return value
+        if isinstance(value, list):
+            return [move(v) for v in value]
+        if isinstance(value, dict):
+            return {k: move(v) for k, v in value.items()}
+        return value
+
+    out = dict(manifest)
+    out["steps"] = [
+        {**entry, "recipe": {**entry["recipe"], "config": move(entry["recipe"].get("config"))}}
+        if isinstance(entry, dict) and isinstance(entry.get("recipe"), dict)
+        else entry
+        for entry in manifest.get("steps", [])
+    ]
+    unused = [old for old, hit in used.items() if not hit]
+    if unused:
+        raise RecipeError(None, f"no path the recipe records is under {unused[0]!r}", field="--remap")
+    return out
 
 
 def rerun_argv(manifest: Mapping[str, Any], options: Sequence[str]) -> list[str]:

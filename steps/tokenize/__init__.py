@@ -45,7 +45,14 @@ from pipeline import (
 from pipeline.run.parallel import parallel_map
 from steps.files import write_json
 from steps.imports import LEVANTER, import_ml
-from steps.sources import InputError, RawDataset, input_identity, raw_listing, tokenizer_identity
+from steps.sources import (
+    InputError,
+    RawDataset,
+    check_local_inputs_exist,
+    input_identity,
+    raw_listing,
+    tokenizer_identity,
+)
 from steps.tokenize.cache import read_marker, tokenize_shard, write_ledger
 from steps.tokenize.common import ShardStats, TokenizeError
 from steps.tokenize.readers import expand_inputs, is_data_file
@@ -179,7 +186,17 @@ def tokenize_inputs(config: TokenizeConfig) -> dict[str, dict[str, Any]]:
         raise TokenizeError(str(e)) from e
 
 
-@step_function(inputs=tokenize_inputs)
+def _inputs_exist(config: TokenizeConfig) -> None:
+    """For a step rebuilt from a manifest: its local files and tokenizer are where it says (a
+    checkout elsewhere: `--remap OLD=NEW`)."""
+    check_local_inputs_exist({"train": config.train, "validation": config.validation}, config.input_root)
+    try:
+        check_local_inputs(None, {}, config.tokenizer, config.input_root)
+    except StepDeclarationError as e:
+        raise ValueError(f"tokenizer: {str(e).split(': ', 1)[-1]}") from None
+
+
+@step_function(inputs=tokenize_inputs, check=_inputs_exist)
 def tokenize(config: TokenizeConfig) -> None:
     """Tokenize every split of `config` into a Levanter cache under `config.output`."""
     import_ml(*LEVANTER)

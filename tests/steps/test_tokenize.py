@@ -266,3 +266,71 @@ def test_the_rate_after_a_resume_counts_only_this_attempts_tokens(monkeypatch):
     bar.advance(100, 1_000)  # one second later, this attempt's first shard
     (task,) = bar._progress.tasks
     assert task.fields["rate"] == "1,000 tok/s" and task.fields["documents"] == 1_000
+
+
+REMAP_EXPERIMENT = """
+from pipeline import executor_main
+from steps.tokenize import tokenize_step
+
+step = tokenize_step(
+    "tokenized/moved",
+    train=["data/corpus/train-*.jsonl"],
+    validation=["data/corpus/validation.jsonl"],
+    tokenizer="data/tokenizer",
+    input_root={root!r},
+)
+
+if __name__ == "__main__":
+    executor_main([step])
+"""
+
+
+def test_a_manifest_whose_checkout_moved_is_refused_then_remapped(tmp_path, tokenizer_dir):
+    """A colleague's manifest records Alice's absolute input root. Planned where it is missing, it
+    fails as the experiment file would (naming the step and field), not a plan of every step RUN;
+    `--remap OLD=NEW` reads it where it is here, with the same identities."""
+    import shutil
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    alice = tmp_path / "alice" / "checkout"
+    write_jsonl(alice / "data" / "corpus" / "train-0.jsonl", make_docs(20))
+    write_jsonl(alice / "data" / "corpus" / "validation.jsonl", make_docs(5, seed=1))
+    shutil.copytree(tokenizer_dir, alice / "data" / "tokenizer")
+    exp = tmp_path / "moved.py"
+    exp.write_text(REMAP_EXPERIMENT.format(root=str(alice)))
+    env = {**os.environ, "PYTHONPATH": str(root)}
+
+    def drydock(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "pipeline", *args, "--backend", "local"]
+        return subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=120)
+
+    ran = drydock("run", str(exp), "--prefix", str(tmp_path / "alice-runs"), "--json")
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    (label,) = [s["label"] for s in json.loads(ran.stdout)["steps"]]
+    (manifest,) = (tmp_path / "alice-runs" / "experiments").glob("moved-*.json")
+    bob = tmp_path / "bob" / "src"
+    shutil.move(str(alice), str(bob))  # Bob's checkout is elsewhere
+
+    planned = drydock("plan", str(manifest), "--prefix", str(tmp_path / "bob-runs"))
+    assert planned.returncode == 2, planned.stdout
+    *_code, error = planned.stderr.strip().splitlines()  # after the code the recipe runs
+    field = "error: step 'tokenized/moved', field `train[0]`"
+    assert error == f"{field}: input 'data/corpus/train-*.jsonl' matches no files under {alice}"
+
+    remap = ["--remap", f"{alice}={bob}"]
+    replanned = drydock("plan", str(manifest), "--prefix", str(tmp_path / "bob-runs"), *remap, "--json")
+    assert replanned.returncode == 0, replanned.stderr
+    assert [(s["label"], s["state"]) for s in json.loads(replanned.stdout)["steps"]] == [(label, "RUN")]
+    rerun = drydock("rerun", str(manifest), "--prefix", str(tmp_path / "bob-runs"), *remap, "--json")
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert [s["label"] for s in json.loads(rerun.stdout)["steps"]] == [label]
+
+    typo = drydock("plan", str(manifest), "--remap", "/nowhere=/x")
+    assert (
+        typo.returncode == 2
+        and "field `--remap`: no path the recipe records is under '/nowhere'" in typo.stderr
+    )
+    malformed = drydock("plan", str(manifest), "--remap", "/nowhere")
+    assert malformed.returncode == 2 and "'/nowhere' is not OLD=NEW" in malformed.stderr
