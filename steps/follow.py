@@ -25,7 +25,7 @@ from typing import Any
 
 import fsspec
 
-from pipeline import Step, StepDeclarationError, step_state
+from pipeline import Step, StepDeclarationError, step_events, step_state
 from steps.checkpoints import (
     checkpoint_at,
     checkpoint_to_evaluate,
@@ -129,6 +129,13 @@ def follow_checkpoints(
     if done:
         logger.info("following %s: checkpoints %s already evaluated", train, sorted(done))
     kept = kept_steps_of(final_step, checkpoint_interval)
+    # "5/8 checkpoints" in status and on the dashboard: how far the follower is, not just RUNNING.
+    wanted = (
+        1
+        if checkpoint_interval is None
+        else final_step // checkpoint_interval + (1 if final_step % checkpoint_interval else 0)
+    )
+    step_events.progress(len(done), wanted, "checkpoints")
     root = checkpoints_dir(train)
     waiting_since: float | None = None
     finished = False
@@ -139,6 +146,7 @@ def follow_checkpoints(
             result = evaluate_one(step, new[step])
             write_json(step_result_path(output, step), result)
             done[step] = result
+            step_events.progress(len(done), wanted, "checkpoints", data={"last": step})
             if series is not None:
                 write_json(curve_path(output), curve(done, series, ylabel))
         if new:

@@ -386,7 +386,23 @@ def preview(config: TrainMoeConfig) -> dict[str, Any]:
         )
     if config.prediction is not None:
         out["predicted eval loss"] = _predicted_text(config.prediction)
+    resumes = _resumes_from(config)
+    if resumes is not None:
+        out["resumes from"] = f"step {resumes} (its newest checkpoint)"
     return out
+
+
+def _resumes_from(config: TrainMoeConfig) -> int | None:
+    """The step an interrupted training's next attempt starts from: its newest complete checkpoint
+    before the final step (a finished training has nothing to resume)."""
+    from steps.checkpoints import complete_checkpoints
+
+    try:
+        found = complete_checkpoints(f"{config.output.rstrip('/')}/checkpoints")
+    except Exception:  # a plan only shows it; the training finds its checkpoint itself
+        return None
+    steps = [step for step in found if step < config.num_steps - 1]
+    return max(steps) if steps and max(found) < config.num_steps - 1 else None
 
 
 def _predicted_text(prediction: LossPrediction) -> str:

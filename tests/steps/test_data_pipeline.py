@@ -115,3 +115,25 @@ def test_the_plan_warns_of_a_learning_rate_far_outside_any_usual_range(tmp_path,
     said = step_warnings(plan)
     expect = f"step 'train/x': optimizer.learning_rate = {rate:g} is far outside the usual range"
     assert said == ([f"{expect} (1e-06 to 1): a typo?"] if warned else [])
+
+
+def test_the_plan_says_where_an_interrupted_training_resumes(tmp_path):
+    """A training stopped after its checkpoint at step 64 of 128: the plan says it resumes there;
+    a finished one (checkpoint at its final step) says nothing of the kind."""
+    from steps.train_moe import train_moe_step
+
+    train = train_moe_step(
+        "train/x", data=dag()[0], model=TINY_MOE, batch_size=8, seq_len=128, num_steps=128, vocab_size=1691
+    )
+    plan = run_experiment([train], ExecutorMainConfig(prefix=str(tmp_path / "p"), dry_run=True))
+    (label,) = [label for label in plan.steps if label.startswith("train/x-")]
+    assert "resumes from" not in step_previews(plan)[label]
+    for step in (32, 64):
+        checkpoint = tmp_path / "p" / label / "checkpoints" / f"step-{step}"
+        checkpoint.mkdir(parents=True)
+        (checkpoint / "metadata.json").write_text(json.dumps({"step": step}))
+    assert step_previews(plan)[label]["resumes from"] == "step 64 (its newest checkpoint)"
+    final = tmp_path / "p" / label / "checkpoints" / "step-127"
+    final.mkdir()
+    (final / "metadata.json").write_text(json.dumps({"step": 127}))
+    assert "resumes from" not in step_previews(plan)[label]

@@ -203,3 +203,16 @@ def test_an_evaluation_of_a_checkpoint_retention_deletes_is_refused():
         StepDeclarationError, match=r"field `follow`: the training deletes all but its newest 1"
     ):
         evaluate_step("e", train=train, data=data, seq_len=64, follow=True)
+
+
+def test_a_follower_reports_how_many_checkpoints_it_has_evaluated(tmp_path):
+    """`status` and the dashboard show "4/4 checkpoints", not just RUNNING."""
+    from pipeline.run.step_events import StepContext, bind
+
+    training = Training(tmp_path / "prefix", [[10], [20], [30, 39]])
+    step_dir = tmp_path / "follower"
+    step_dir.mkdir()
+    with bind(StepContext(output_path=str(step_dir), run_id="r", token=1)):
+        follow(training, tmp_path / "out", [])
+    report = json.loads((step_dir / ".progress").read_text())
+    assert (report["done"], report["total"], report["unit"]) == (4, 4, "checkpoints"), report
