@@ -27,6 +27,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -313,6 +314,40 @@ def _chance(task: Any, limit: int | None) -> float | None:
     return sum(1.0 / len(task.doc_to_choice(doc)) for doc in docs) / len(docs)
 
 
+class _TruncationCounter(logging.Filter):
+    """Counts Levanter's "Request N is too long. Truncating." warnings (one per request, so
+    thousands of lines) and drops them: the result says how many instead."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.truncated = 0
+        # The logger is the process's: another evaluation in another thread counts its own.
+        self.thread = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.thread != self.thread:
+            return True
+        message = record.getMessage()
+        if message.startswith("Request ") and message.endswith("is too long. Truncating."):
+            self.truncated += 1
+            return False
+        return True
+
+
+def _request_count(task_dict: dict[str, Any], limit: int | None) -> int:
+    """The scoring requests the tasks make: one per choice of each multiple-choice example, one
+    per example otherwise."""
+    total = 0
+    for leaf in _leaves(task_dict):
+        docs = list(leaf.eval_docs)
+        docs = docs[:limit] if limit is not None else docs
+        if leaf.OUTPUT_TYPE == "multiple_choice":
+            total += sum(len(leaf.doc_to_choice(doc)) for doc in docs)
+        else:
+            total += len(docs)
+    return total
+
+
 class _Evaluator:
     """The model-side state kept across checkpoints (mesh, tokenizer, compiled scoring)."""
 
@@ -337,6 +372,7 @@ class _Evaluator:
         self.tokenizer = load_data_config(config.data).the_tokenizer
         self.trainer = TrainerConfig(require_accelerator=False, per_device_eval_parallelism=config.batch_size)
         self.samples: list[dict[str, Any]] | None = None
+        self.requests = _request_count(task_dict, config.max_examples)
 
     def evaluate(self, step: int, checkpoint: str) -> dict[str, Any]:
         """Run every task on the checkpoint of `step`; its result (samples, if logged, in `samples`)."""
@@ -355,21 +391,44 @@ class _Evaluator:
             bootstrap_iters=config.bootstrap_iters,
         )
         started = time.time()
-        with hax.partitioning.set_mesh(trainer.device_mesh), hax.axis_mapping(trainer.parameter_axis_mapping):
-            model = load_model(config.train, checkpoint, len(self.tokenizer), trainer.parameter_axis_mapping)
-            model = inference_mode(model, True)
-            outputs = _actually_run_eval_harness(
-                harness,
-                model,
-                _fresh(self.task_dict),
-                self.tokenizer,
-                trainer.EvalBatch,
-                trainer.compute_axis_mapping,
-                None,
-            )
+        counter = _TruncationCounter()
+        harness_logger = logging.getLogger("levanter.eval_harness")
+        harness_logger.addFilter(counter)
+        try:
+            with (
+                hax.partitioning.set_mesh(trainer.device_mesh),
+                hax.axis_mapping(trainer.parameter_axis_mapping),
+            ):
+                model = load_model(
+                    config.train, checkpoint, len(self.tokenizer), trainer.parameter_axis_mapping
+                )
+                model = inference_mode(model, True)
+                outputs = _actually_run_eval_harness(
+                    harness,
+                    model,
+                    _fresh(self.task_dict),
+                    self.tokenizer,
+                    trainer.EvalBatch,
+                    trainer.compute_axis_mapping,
+                    None,
+                )
+        finally:
+            harness_logger.removeFilter(counter)
         assert outputs is not None  # a single process is process 0
         result = summarize(outputs, self.tasks, self.chances, self.names)
         result.update(checkpoint=checkpoint, checkpoint_step=step, seconds=time.time() - started)
+        if counter.truncated:
+            result["truncated"] = {
+                "requests": counter.truncated,
+                "of": self.requests,
+                "max_length": config.max_length,
+            }
+            logger.warning(
+                "%d of %d requests were longer than max_length %d: their contexts were cut from the left",
+                counter.truncated,
+                self.requests,
+                config.max_length,
+            )
         if config.log_samples:
             self.samples = list(_samples(outputs))  # of the last checkpoint evaluated: the final one
         return result
@@ -490,6 +549,12 @@ def report(config: TaskEvalConfig) -> dict[str, Any] | None:
         "tasks": rows,
         "checkpoint": f"step {result['checkpoint_step']} ({result['checkpoint']})",
     }
+    cut = result.get("truncated")
+    if isinstance(cut, dict):
+        out["truncated"] = (
+            f"{cut.get('requests')} of {cut.get('of')} requests longer than max_length "
+            f"{cut.get('max_length')}: their contexts were cut from the left"
+        )
     curves = os.path.join(config.output, "curves.png")
     if exists(curves):
         out["task curves"] = curves

@@ -185,6 +185,18 @@ def test_scores_match_log_likelihoods_computed_by_hand_from_the_model(run):
             logp = jax.nn.log_softmax(logits, axis=-1)
             return float(sum(logp[i - 1, full[i]] for i in range(max(start, 1), len(full))))
 
+        # Requests longer than max_length (the 2-shot prompts) are cut, and counted in the result.
+        cut = sum(
+            len(tokenizer.encode(s["context"] + choice, add_special_tokens=False)) > MAX_LENGTH
+            for s in samples
+            for choice in s["choices"]
+        )
+        assert cut > 0 and result["truncated"] == {
+            "requests": cut,
+            "of": 2 * 48 * 4,
+            "max_length": MAX_LENGTH,
+        }
+
         checked = [s for s in samples if s["task"] == "sums"][:4] + [
             s for s in samples if s["task"] != "sums"
         ][:3]
