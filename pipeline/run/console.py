@@ -60,6 +60,7 @@ class RunConsole:
         self._lock = threading.Lock()
         self._running: dict[str, float] = {}  # label -> when its RUNNING line was printed
         self._last_line: dict[str, float] = {}  # label -> when its last progress line was printed
+        self._stale: dict[str, Any] = {}  # label -> the token of the report there when it started
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._live: Live | None = None
@@ -78,24 +79,36 @@ class RunConsole:
 
     def state(self, label: str, what: str) -> None:
         """Note a state change of `label` (RUNNING, or a final state)."""
-        with self._lock:
-            if what == "RUNNING":
+        if what == "RUNNING":
+            # A retried or resumed attempt: until it reports, the report there is the stopped
+            # attempt's (its step and loss), which says nothing about this one.
+            earlier = self._report(label)
+            with self._lock:
                 self._running[label] = self._clock()
-            else:
-                self._running.pop(label, None)
-                self._last_line.pop(label, None)
+                self._stale[label] = earlier.get("token") if earlier is not None else None
+            return
+        with self._lock:
+            self._running.pop(label, None)
+            self._last_line.pop(label, None)
+            self._stale.pop(label, None)
 
     # -- progress ----------------------------------------------------------------------------------
 
     def progress_text(self, label: str) -> str | None:
         """`train/x-…  96/320 steps  loss 2.28  24.5k tok/s  ETA 20s` from the step's `.progress`
         of this run; None if it has reported none."""
-        if self._store is None or label not in self._paths:
-            return None
-        report = self._store.read_progress(self._paths[label])
+        report = self._report(label)
         if report is None or report.get("run_id") != self._run_id:
             return None  # an earlier run's report
+        stale = self._stale.get(label)
+        if stale is not None and report.get("token") == stale:
+            return None  # the stopped attempt's, not this one's
         return " ".join(_progress_parts(report, self._clock()))
+
+    def _report(self, label: str) -> dict[str, Any] | None:
+        if self._store is None or label not in self._paths:
+            return None
+        return self._store.read_progress(self._paths[label])
 
     def _tick(self) -> None:
         with self._lock:

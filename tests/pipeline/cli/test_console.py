@@ -180,3 +180,20 @@ def test_a_manifest_that_cannot_be_written_is_one_error_and_the_steps_stay_commi
     assert "SUCCEEDED  data/a-" in result.stderr  # the end-of-run table is there
     (step,) = prefix.glob("data/a-*")
     assert '"SUCCESS"' in (step / ".status").read_text()
+
+
+def test_a_retried_attempt_shows_no_progress_of_the_attempt_it_replaces(tmp_path):
+    """Within one run, a training preempted at step 60 and retried: until the new attempt reports,
+    its line does not show the stopped attempt's step and loss."""
+    paths = {"train/a-1": str(tmp_path / "a")}
+    console = RunConsole(LocalStorage(), paths, "run1", stream=io.StringIO())
+    console.state("train/a-1", "RUNNING")  # the first attempt (token 1) reports step 60
+    _report(tmp_path / "a", "run1", 60, 100, loss=2.5)
+    report = json.loads((tmp_path / "a" / ".progress").read_text())
+    (tmp_path / "a" / ".progress").write_text(json.dumps({**report, "token": 1}))
+    assert console.progress_text("train/a-1").startswith("60/100 steps")
+    console.state("train/a-1", "PREEMPTED")
+    console.state("train/a-1", "RUNNING")  # the retry (token 2)
+    assert console.progress_text("train/a-1") is None
+    (tmp_path / "a" / ".progress").write_text(json.dumps({**report, "done": 12, "token": 2}))
+    assert console.progress_text("train/a-1").startswith("12/100 steps")
