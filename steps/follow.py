@@ -77,20 +77,35 @@ def curve_path(output: str) -> str:
     return f"{output.rstrip('/')}/curve.json"
 
 
+Series = Callable[[dict[str, Any]], Mapping[str, float | None]]
+"""Numbers of one result by name (each task's accuracy, each validation set's loss)."""
+
+
 def curve(
     done: Mapping[int, dict[str, Any]],
-    series: Callable[[dict[str, Any]], Mapping[str, float | None]],
+    series: Series,
     ylabel: str,
+    errors: Series | None = None,
+    levels: Series | None = None,
 ) -> dict[str, Any]:
-    """The curve of `done` results: one series per name `series` gives, one value per step."""
+    """The curve of `done` results: one series per name `series` gives, one value per step; with
+    `errors`, each value's standard error (`errors`: name -> a list like the series), so a chart
+    can draw error bars; with `levels`, a reference level per name (chance accuracy) from the
+    latest result."""
     steps = sorted(done)
     values = {s: series(done[s]) for s in steps}
     names = list(dict.fromkeys(name for s in steps for name in values[s]))
-    return {
+    out: dict[str, Any] = {
         "ylabel": ylabel,
         "steps": steps,
         "series": {name: [values[s].get(name) for s in steps] for name in names},
     }
+    if errors is not None:
+        spread = {s: errors(done[s]) for s in steps}
+        out["errors"] = {name: [spread[s].get(name) for s in steps] for name in names}
+    if levels is not None and steps:
+        out["levels"] = {k: v for k, v in levels(done[steps[-1]]).items() if v is not None}
+    return out
 
 
 def read_step_results(output: str) -> dict[int, dict[str, Any]]:
@@ -115,8 +130,10 @@ def follow_checkpoints(
     final_step: int,
     checkpoint_interval: int | None,
     evaluate_one: Callable[[int, str], dict[str, Any]],
-    series: Callable[[dict[str, Any]], Mapping[str, float | None]] | None = None,
+    series: Series | None = None,
     ylabel: str = "",
+    errors: Series | None = None,
+    levels: Series | None = None,
     settings: FollowSettings = FollowSettings(),
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
@@ -148,7 +165,7 @@ def follow_checkpoints(
             done[step] = result
             step_events.progress(len(done), wanted, "checkpoints", data={"last": step})
             if series is not None:
-                write_json(curve_path(output), curve(done, series, ylabel))
+                write_json(curve_path(output), curve(done, series, ylabel, errors, levels))
         if new:
             waiting_since = None
             continue
@@ -180,9 +197,10 @@ def evaluate_checkpoints(
     config: Any,
     evaluate_one: Callable[[int, str], dict[str, Any]],
     *,
-    series: Callable[[dict[str, Any]], Mapping[str, float | None]],
+    series: Series,
     ylabel: str,
-    levels: Callable[[dict[str, Any]], Mapping[str, float | None]] | None = None,
+    levels: Series | None = None,
+    errors: Series | None = None,
 ) -> dict[str, Any]:
     """What an evaluation step (`evaluate`, `task_eval`) does with the checkpoints of its training.
 
@@ -209,6 +227,8 @@ def evaluate_checkpoints(
         evaluate_one=evaluate_one,
         series=series,
         ylabel=ylabel,
+        errors=errors,
+        levels=levels,
         settings=config.follow_settings,
     )
     result = dict(done[final])

@@ -164,6 +164,7 @@ def task_eval(config: TaskEvalConfig) -> dict[str, Any]:
             series=_accuracies,
             ylabel="accuracy",
             levels=lambda r: {name: entry.get("chance") for name, entry in r["tasks"].items()},
+            errors=_accuracy_errors,
         )
     samples = evaluator.samples
     write_json(os.path.join(config.output, "results.json"), result)
@@ -522,6 +523,19 @@ def _accuracies(result: dict[str, Any]) -> dict[str, float | None]:
         if value is None:
             value = next((v for k, v in metrics.items() if "stderr" not in k and isinstance(v, float)), None)
         out[name] = value
+    return out
+
+
+def _accuracy_errors(result: dict[str, Any]) -> dict[str, float | None]:
+    """The standard error of each task's headline number (lm-eval's `acc_stderr`)."""
+    out = {}
+    for name, entry in result["tasks"].items():
+        metrics = entry["metrics"]
+        key = (
+            "acc" if metrics.get("acc") is not None else next((k for k in metrics if "stderr" not in k), None)
+        )
+        value = metrics.get(f"{key}_stderr") if key else None
+        out[name] = value if isinstance(value, float) else None
     return out
 
 

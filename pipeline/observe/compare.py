@@ -32,11 +32,15 @@ from pipeline.storage.step_store import StepStore
 __all__ = [
     "CompareStep",
     "Row",
+    "best_row",
+    "checkpoint_curves",
     "compare_rows",
     "differing_params",
+    "group_of",
     "loss_curves",
     "manifest_steps",
     "merge_shared",
+    "read_checkpoint_curve",
     "rows_csv",
     "rows_json",
     "sort_rows",
@@ -250,10 +254,17 @@ def table_rows(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
     return header, body
 
 
+def group_of(row: Row, params: Sequence[str]) -> str:
+    """What sets a row apart: its values of the fields that differ (`learning_rate=0.003`), the
+    key the compare page colours and groups curves by."""
+    return ",".join(f"{p.rsplit('.', 1)[-1]}={_cell(row.params.get(p))}" for p in params) or row.name
+
+
 def loss_curves(store: StepStore, rows: Sequence[Row]) -> list[dict[str, Any]]:
     """Each row step's training and eval loss per step from its metrics (if it has any)."""
     curves = []
     storage = store.storage
+    params = differing_params(rows)
     for row in rows:
         data = read_metrics_data(
             row.output_path,
@@ -266,8 +277,84 @@ def loss_curves(store: StepStore, rows: Sequence[Row]) -> list[dict[str, Any]]:
         records = parse_metrics(data.splitlines())
         train = [[r["step"], _number(r.get("loss"))] for r in records if "loss" in r]
         evals = [[r["step"], _number(r.get("eval/loss"))] for r in records if "eval/loss" in r]
-        curves.append({"run": row.run, "step": row.name, "label": row.label, "train": train, "eval": evals})
+        curves.append(
+            {
+                "run": row.run,
+                "step": row.name,
+                "label": row.label,
+                "group": group_of(row, params),
+                "train": train,
+                "eval": evals,
+            }
+        )
     return curves
+
+
+def checkpoint_curves(
+    store: StepStore, steps: Sequence[CompareStep], rows: Sequence[Row]
+) -> list[dict[str, Any]]:
+    """The curves by checkpoint (`curve.json`, written by an evaluation that follows a training)
+    of the steps that read each row's training: eval loss and task scores across runs, each with
+    its row's group, its standard errors and reference levels (chance) where it has them."""
+    params = differing_params(rows)
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for row in rows:
+        for step in steps:
+            if row.label not in step.deps or step.output_path in seen:
+                continue
+            seen.add(step.output_path)
+            drawn = read_checkpoint_curve(store.storage.read(f"{step.output_path}/curve.json"))
+            if drawn is not None:
+                out.append({**drawn, "group": group_of(row, params), "step": step.name, "label": step.label})
+    return out
+
+
+def read_checkpoint_curve(data: bytes | None) -> dict[str, Any] | None:
+    """A `curve.json` as numbers (None if absent or not one): ylabel, steps, series, and the
+    errors and levels it may have."""
+    try:
+        raw = json.loads(data) if data is not None else None
+        steps = [int(s) for s in raw["steps"]]
+        series = {
+            str(name): [_number(v) for v in values]
+            for name, values in raw["series"].items()
+            if isinstance(values, list) and len(values) == len(steps)
+        }
+        errors = {
+            str(name): [_number(v) for v in values]
+            for name, values in (raw.get("errors") or {}).items()
+            if isinstance(values, list) and len(values) == len(steps)
+        }
+        levels = {str(k): v for k, v in (raw.get("levels") or {}).items() if _number(v) is not None}
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    if not steps or not series:
+        return None
+    return {
+        "ylabel": str(raw.get("ylabel") or ""),
+        "steps": steps,
+        "series": series,
+        "errors": errors,
+        "levels": levels,
+    }
+
+
+def best_row(rows: Sequence[Row], metric: str | None = None) -> tuple[str, Row] | None:
+    """The row that is best by `metric` (default: the first eval loss, else the training loss),
+    lower for losses, bits and perplexity and higher for anything else (accuracies)."""
+    names = metric_names(rows)
+    if metric is None:
+        metric = next((m for m in names if m.startswith("eval/") and m.endswith("/loss")), None)
+        metric = metric or ("train/loss" if "train/loss" in names else None)
+    if metric is None:
+        return None
+    scored = [(r, r.metrics.get(metric)) for r in rows if isinstance(r.metrics.get(metric), float)]
+    if len(scored) < 2:
+        return None
+    lower = any(word in metric for word in ("loss", "bpb", "perplexity"))
+    best = (min if lower else max)(scored, key=lambda pair: pair[1])
+    return metric, best[0]
 
 
 def _number(value: Any) -> float | None:

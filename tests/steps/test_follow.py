@@ -216,3 +216,21 @@ def test_a_follower_reports_how_many_checkpoints_it_has_evaluated(tmp_path):
         follow(training, tmp_path / "out", [])
     report = json.loads((step_dir / ".progress").read_text())
     assert (report["done"], report["total"], report["unit"]) == (4, 4, "checkpoints"), report
+
+
+def test_a_task_curve_carries_each_points_standard_error_and_the_chance_level():
+    """What the dashboard needs to draw error bars and the chance line beside a follower's scores."""
+    from steps.follow import curve
+
+    done = {
+        10: {"acc": {"sums": 0.28}, "se": {"sums": 0.026}, "chance": {"sums": 0.25}},
+        20: {"acc": {"sums": 0.30}, "se": {"sums": 0.027}, "chance": {"sums": 0.25}},
+    }
+    drawn = curve(done, lambda r: r["acc"], "accuracy", errors=lambda r: r["se"], levels=lambda r: r["chance"])
+    assert drawn == {
+        "ylabel": "accuracy",
+        "steps": [10, 20],
+        "series": {"sums": [0.28, 0.30]},
+        "errors": {"sums": [0.026, 0.027]},
+        "levels": {"sums": 0.25},
+    }

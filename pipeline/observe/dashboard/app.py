@@ -236,9 +236,11 @@ def create_app(prefix: str, allowed_hosts: Sequence[str] = ()) -> FastAPI:
         )
 
     @app.get("/compare", response_class=HTMLResponse)
-    def compare(request: Request, run: Annotated[list[str] | None, Query()] = None) -> HTMLResponse:
+    def compare(
+        request: Request, run: Annotated[list[str] | None, Query()] = None, best: str | None = None
+    ) -> HTMLResponse:
         try:
-            view = data.read_comparison(store, prefix, run or [])
+            view = data.read_comparison(store, prefix, run or [], best or None)
         except data.NotFound as e:
             return error_page(request, 404, str(e))
         except ValueError as e:

@@ -434,22 +434,10 @@ def read_step(store: StepStore, prefix: str, label: str, now: float | None = Non
 
 
 def read_curve(storage: Storage, directory: str) -> Mapping[str, Any] | None:
-    """A follower's `curve.json`: `{"ylabel", "steps": [...], "series": {name: [value per step]}}`,
-    non-finite values as gaps; None if it is missing or not in that form."""
-    data = storage.read(f"{directory}/{CURVE_FILE}")
-    try:
-        raw = json.loads(data) if data is not None else None
-        steps = [int(s) for s in raw["steps"]]
-        series = {
-            str(name): [_number(v) for v in values]
-            for name, values in raw["series"].items()
-            if isinstance(values, list) and len(values) == len(steps)
-        }
-    except (ValueError, TypeError, KeyError, AttributeError):
-        return None
-    if not steps or not series:
-        return None
-    return {"ylabel": str(raw.get("ylabel") or ""), "steps": steps, "series": series}
+    """A follower's `curve.json`: `{"ylabel", "steps": [...], "series": {name: [value per step]},
+    "errors": {...}, "levels": {...}}`, non-finite values as gaps; None if it is missing or not in
+    that form (`compare.read_checkpoint_curve`)."""
+    return compare.read_checkpoint_curve(storage.read(f"{directory}/{CURVE_FILE}"))
 
 
 def read_log(storage: Storage, prefix: str, label: str, name: str) -> tuple[str, bool]:
@@ -472,7 +460,9 @@ def state_counts(rows: Sequence[StepRow]) -> dict[str, int]:
     return dict(Counter(str(row.state) for row in rows))
 
 
-def read_comparison(store: StepStore, prefix: str, manifest_ids: Sequence[str]) -> Comparison:
+def read_comparison(
+    store: StepStore, prefix: str, manifest_ids: Sequence[str], best: str | None = None
+) -> Comparison:
     """Rows of the runs `manifest_ids` (experiments under the prefix) side by side.
 
     Raises NotFound for an id that is not a manifest under the prefix."""
@@ -486,12 +476,18 @@ def read_comparison(store: StepStore, prefix: str, manifest_ids: Sequence[str]) 
             s for s in compare.manifest_steps(manifest, manifest_id, prefix.rstrip("/")) if is_label(s.label)
         )
     rows = compare.merge_shared(compare.compare_rows(steps, store)) if steps else []
+    if best is not None and best not in compare.metric_names(rows):
+        raise NotFound(f"no metric {best!r} to pick the best run by")
+    picked = compare.best_row(rows, best)
     return Comparison(
         runs=tuple(dict.fromkeys(manifest_ids)),
         params=tuple(compare.differing_params(rows)),
         metrics=tuple(compare.metric_names(rows)),
         rows=tuple(rows),
         curves=tuple(compare.loss_curves(store, rows)),
+        checkpoint_curves=tuple(compare.checkpoint_curves(store, steps, rows)),
+        best_metric=picked[0] if picked else None,
+        best_label=picked[1].label if picked else None,
     )
 
 

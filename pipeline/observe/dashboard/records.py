@@ -194,3 +194,9 @@ class Comparison:
     metrics: tuple[str, ...]
     rows: tuple[Row, ...]
     curves: tuple[Mapping[str, Any], ...]
+    checkpoint_curves: tuple[Mapping[str, Any], ...] = ()
+    """Eval loss and task scores by checkpoint of the steps following the rows' trainings."""
+    best_metric: str | None = None
+    """The metric the best row is picked by (`eval/prose/loss`: lowest; an accuracy: highest)."""
+    best_label: str | None = None
+    """The label of the best row's training, if there is one to pick (two rows or more)."""

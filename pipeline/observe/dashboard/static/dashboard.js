@@ -110,15 +110,76 @@ function drydockDagLinks(stepUrl, experimentId) {
   });
 }
 
-// Overlay the training loss (solid) and eval loss (dashed) of every compared run, one colour each.
+const DRYDOCK_COLORS = ["#1565c0", "#c62828", "#2e7d32", "#6a1b9a", "#ef6c00", "#00838f", "#5d4037", "#ad1457"];
+
+// One colour per group (a swept value: "learning_rate=0.003"), in the order groups first appear.
+function drydockGroupColors(items) {
+  const colors = new Map();
+  items.forEach((item) => {
+    if (!colors.has(item.group)) colors.set(item.group, DRYDOCK_COLORS[colors.size % DRYDOCK_COLORS.length]);
+  });
+  return colors;
+}
+
+// Error bars: a dataset with `errors` (one standard error per point, aligned with its data) gets a
+// vertical bar from y - e to y + e at each point.
+const drydockErrorBars = {
+  id: "drydockErrorBars",
+  afterDatasetsDraw(chart) {
+    const ctx = chart.ctx;
+    chart.data.datasets.forEach((dataset, i) => {
+      if (!dataset.errors || !chart.isDatasetVisible(i)) return;
+      const y = chart.scales[dataset.yAxisID || "y"];
+      ctx.save();
+      ctx.strokeStyle = dataset.borderColor;
+      ctx.lineWidth = 1;
+      chart.getDatasetMeta(i).data.forEach((point, j) => {
+        const value = dataset.data[j] && dataset.data[j].y;
+        const error = dataset.errors[j];
+        if (value === null || value === undefined || error === null || error === undefined) return;
+        const top = y.getPixelForValue(value + error), bottom = y.getPixelForValue(value - error);
+        ctx.beginPath();
+        ctx.moveTo(point.x, top); ctx.lineTo(point.x, bottom);
+        ctx.moveTo(point.x - 4, top); ctx.lineTo(point.x + 4, top);
+        ctx.moveTo(point.x - 4, bottom); ctx.lineTo(point.x + 4, bottom);
+        ctx.stroke();
+      });
+      ctx.restore();
+    });
+  },
+};
+
+// Horizontal dashed grey lines for reference levels ({name: value}, e.g. chance accuracy) from
+// step `x0` to `x1`, one per distinct value.
+function drydockLevels(levels, x0, x1) {
+  const values = [...new Set(Object.values(levels || {}))];
+  return values.map((value) => ({
+    label: values.length > 1 ? `chance (${value.toFixed(3)})` : "chance", data: [{ x: x0, y: value }, { x: x1, y: value }],
+    borderColor: "#9e9e9e", backgroundColor: "#9e9e9e", borderWidth: 1.5, borderDash: [6, 4], pointRadius: 0,
+  }));
+}
+
+// Overlay the training loss (solid) and eval loss (dashed) of every compared run, one colour per
+// group (the values of the fields that differ); checkboxes #compare-log and #compare-smooth switch
+// a log scale and an exponential moving average of the training loss, as on a step's page.
 function drydockCompareChart(canvasId, dataId) {
   const curves = JSON.parse(document.getElementById(dataId).textContent);
-  const colors = ["#1565c0", "#c62828", "#2e7d32", "#6a1b9a", "#ef6c00", "#00838f", "#5d4037", "#ad1457"];
+  const colors = drydockGroupColors(curves);
+  const points = (pairs) => pairs.map((p) => ({ x: p[0], y: p[1] }));
+  const smooth = (pairs, alpha) => {
+    let last = null;
+    return pairs.map((p) => [p[0], p[1] === null ? null : (last = last === null ? p[1] : alpha * p[1] + (1 - alpha) * last)]);
+  };
+  const base = canvasId.replace(/-chart$/, "");
+  const logBox = document.getElementById(base + "-log");
+  const smoothBox = document.getElementById(base + "-smooth");
+  [logBox, smoothBox].forEach((box) => box && (box.checked = localStorage.getItem("drydock:" + box.id) === "1"));
   const datasets = [];
-  curves.forEach((curve, i) => {
-    const color = colors[i % colors.length];
-    const name = curve.run + " " + curve.step;
-    const points = (pairs) => pairs.map((p) => ({ x: p[0], y: p[1] }));
+  const trains = [];
+  curves.forEach((curve) => {
+    const color = colors.get(curve.group);
+    const name = curve.group === curve.step ? `${curve.run} ${curve.step}` : curve.group;
+    trains.push([datasets.length, curve.train]);
     datasets.push({ label: name + " (train)", data: points(curve.train), borderColor: color,
                     backgroundColor: color, borderWidth: 1.5, pointRadius: 0 });
     if (curve.eval.length) {
@@ -126,18 +187,60 @@ function drydockCompareChart(canvasId, dataId) {
                       backgroundColor: color, borderWidth: 1.5, borderDash: [5, 4], pointRadius: 3 });
     }
   });
-  return drydockLines(canvasId, datasets, "step", "loss");
+  const chart = drydockLines(canvasId, datasets, "step", "loss");
+  const apply = () => {
+    chart.options.scales.y.type = logBox && logBox.checked ? "logarithmic" : "linear";
+    trains.forEach(([i, pairs]) => {
+      chart.data.datasets[i].data = points(smoothBox && smoothBox.checked ? smooth(pairs, 0.1) : pairs);
+    });
+    chart.update();
+  };
+  [logBox, smoothBox].forEach((box) => box && box.addEventListener("change", () => {
+    localStorage.setItem("drydock:" + box.id, box.checked ? "1" : "0");
+    apply();
+  }));
+  apply();
+  return chart;
 }
 
-// An evaluation's curve by checkpoint (a follower's curve.json): one line per series.
+// Curves by checkpoint across runs (each a follower's curve.json with its row's group): one
+// colour per group, one dash per series (task or validation set), error bars where the curve
+// has standard errors, and its reference levels (chance) as dashed grey lines.
+function drydockCheckpointCompare(canvasId, dataId) {
+  const curves = JSON.parse(document.getElementById(dataId).textContent);
+  const colors = drydockGroupColors(curves);
+  const dashes = [[], [6, 3], [2, 2], [8, 3, 2, 3]];
+  const names = [...new Set(curves.flatMap((c) => Object.keys(c.series)))];
+  const datasets = [];
+  let x0 = Infinity, x1 = -Infinity;
+  const levels = {};
+  curves.forEach((curve) => {
+    const color = colors.get(curve.group);
+    curve.steps.forEach((x) => { x0 = Math.min(x0, x); x1 = Math.max(x1, x); });
+    Object.assign(levels, curve.levels || {});
+    Object.entries(curve.series).forEach(([name, values]) => {
+      datasets.push({
+        label: `${curve.group} ${name}`, data: curve.steps.map((x, j) => ({ x: x, y: values[j] })),
+        errors: curve.errors && curve.errors[name], borderColor: color, backgroundColor: color,
+        borderWidth: 1.5, pointRadius: 3, borderDash: dashes[names.indexOf(name) % dashes.length],
+      });
+    });
+  });
+  datasets.push(...drydockLevels(levels, x0, x1));
+  return drydockLines(canvasId, datasets, "training step", curves.length ? curves[0].ylabel : "");
+}
+
+// An evaluation's curve by checkpoint (a follower's curve.json): one line per series, with error
+// bars and reference levels (chance) where the curve has them.
 function drydockCurveChart(canvasId, dataId) {
   const curve = JSON.parse(document.getElementById(dataId).textContent);
-  const colors = ["#1565c0", "#c62828", "#2e7d32", "#6a1b9a", "#ef6c00", "#00838f", "#5d4037", "#ad1457"];
   const datasets = Object.entries(curve.series).map(([name, values], i) => ({
     label: name, data: curve.steps.map((x, j) => ({ x: x, y: values[j] })),
-    borderColor: colors[i % colors.length], backgroundColor: colors[i % colors.length],
+    errors: curve.errors && curve.errors[name],
+    borderColor: DRYDOCK_COLORS[i % DRYDOCK_COLORS.length], backgroundColor: DRYDOCK_COLORS[i % DRYDOCK_COLORS.length],
     borderWidth: 1.5, pointRadius: 3,
   }));
+  datasets.push(...drydockLevels(curve.levels, curve.steps[0], curve.steps[curve.steps.length - 1]));
   return drydockLines(canvasId, datasets, "training step", curve.ylabel);
 }
 
@@ -146,6 +249,7 @@ function drydockLines(canvasId, datasets, xTitle, yTitle) {
   return new Chart(document.getElementById(canvasId), {
     type: "line",
     data: { datasets: datasets },
+    plugins: [drydockErrorBars],
     options: {
       // No animation: the chart is complete as soon as the page has loaded (and so is a screenshot).
       animation: false, parsing: false, normalized: true, maintainAspectRatio: false,

@@ -207,6 +207,17 @@ def compared(tmp_path_factory):
     }
     with open(os.path.join(evaluation, "curve.json"), "w") as f:
         json.dump(curve, f)
+    # A task follower's curve: accuracy with standard errors and chance (steps.follow.curve).
+    for i, tasks in enumerate(sorted(glob.glob(os.path.join(prefix, "tasks", "lr*-*")))):
+        scores = {
+            "ylabel": "accuracy",
+            "steps": [10, 20, 30],
+            "series": {"arith": [0.26 + 0.02 * i, 0.30 + 0.03 * i, 0.31 + 0.05 * i]},
+            "errors": {"arith": [0.025, 0.026, 0.026]},
+            "levels": {"arith": 0.25},
+        }
+        with open(os.path.join(tasks, "curve.json"), "w") as f:
+            json.dump(scores, f)
     server = start_dashboard(prefix)
     yield server, os.path.relpath(evaluation, prefix)
     stop(server)
@@ -234,6 +245,27 @@ def test_compare_page_in_a_browser(compared, page, tmp_path):
     page.wait_for_function("() => window.Chart && Chart.getChart('compare-chart')")
     datasets = page.evaluate("() => Chart.getChart('compare-chart').data.datasets.map(d => d.label)")
     assert sorted(d.rsplit(" ", 1)[1] for d in datasets) == ["(eval)"] * 3 + ["(train)"] * 3
+    # Coloured by the swept value, not by run: each curve is named by its learning rate.
+    assert {d.split(" ")[0] for d in datasets} == {
+        "learning_rate=0.001",
+        "learning_rate=0.003",
+        "learning_rate=0.03",
+    }
+    # The winner is marked, by the first eval loss; another metric can pick it.
+    assert page.locator("#best").inner_text().startswith("★ best by eval/")
+    assert page.locator("#comparison tr.best").count() == 1
+    # Task score by checkpoint across runs: a line per training, error bars, the chance line.
+    page.wait_for_function("() => Chart.getChart('compare-tasks-chart')")
+    tasks = page.evaluate(
+        "() => Chart.getChart('compare-tasks-chart').data.datasets.map(d => [d.label, !!d.errors])"
+    )
+    assert ["chance", False] in tasks and sum(1 for _label, bars in tasks if bars) == 3, tasks
+    evals = page.evaluate("() => Chart.getChart('compare-evals-chart').data.datasets.map(d => d.label)")
+    assert sorted(label.split(" ", 1)[1] for label in evals) == ["code loss", "web loss"], evals
+    # The log-scale switch, as on a step's page.
+    page.locator("#compare-log").check()
+    assert page.evaluate("() => Chart.getChart('compare-chart').options.scales.y.type") == "logarithmic"
+    page.locator("#compare-log").uncheck()
     page.screenshot(path=str(tmp_path / "compare.png"), full_page=True)
     if UPDATE_DOCS:
         page.screenshot(path=os.path.join(DOCS_IMAGES, "dashboard-compare.png"), full_page=True)
