@@ -341,11 +341,14 @@ def read_checkpoint_curve(data: bytes | None) -> dict[str, Any] | None:
 
 
 def best_row(rows: Sequence[Row], metric: str | None = None) -> tuple[str, Row] | None:
-    """The row that is best by `metric` (default: the first eval loss, else the training loss),
-    lower for losses, bits and perplexity and higher for anything else (accuracies)."""
+    """The row that is best by `metric` (default: the average eval loss, else the first eval loss,
+    else the training loss),
+    lower for losses, bits and perplexity and higher for anything else (accuracies); None for a
+    tie or fewer than two rows with the metric."""
     names = metric_names(rows)
     if metric is None:
-        metric = next((m for m in names if m.startswith("eval/") and m.endswith("/loss")), None)
+        losses = [m for m in names if m.startswith("eval/") and m.endswith("/loss")]
+        metric = next((m for m in losses if m == "eval/average/loss"), losses[0] if losses else None)
         metric = metric or ("train/loss" if "train/loss" in names else None)
     if metric is None:
         return None
@@ -354,6 +357,8 @@ def best_row(rows: Sequence[Row], metric: str | None = None) -> tuple[str, Row] 
         return None
     lower = any(word in metric for word in ("loss", "bpb", "perplexity"))
     best = (min if lower else max)(scored, key=lambda pair: pair[1])
+    if sum(1 for _row, value in scored if value == best[1]) > 1:
+        return None  # a tie has no winner
     return metric, best[0]
 
 

@@ -133,3 +133,31 @@ def test_a_run_record_carries_the_metrics_it_recorded(prefix):
 
     (row,) = [r for r in data.list_experiments(storage, prefix) if r.experiment == "one"]
     assert row.metrics["train/lr0: train/loss"] == pytest.approx(loss_at(19) * 1.001)
+
+
+def test_the_best_row_is_the_lowest_loss_or_the_highest_score_and_a_tie_has_none():
+    from pipeline.observe.compare import Row, best_row, group_of
+
+    def row(name: str, lr: float, **metrics: float) -> Row:
+        return Row(
+            "run", f"{name}-0123456789ab", name, f"/p/{name}", {"optimizer.learning_rate": lr}, metrics
+        )
+
+    rows = [
+        row(
+            "a",
+            1e-3,
+            **{"train/loss": 2.0, "eval/prose/loss": 2.5, "eval/average/loss": 2.4, "task/x/acc": 0.3},
+        ),
+        row(
+            "b",
+            3e-3,
+            **{"train/loss": 1.5, "eval/prose/loss": 2.6, "eval/average/loss": 2.2, "task/x/acc": 0.5},
+        ),
+    ]
+    assert best_row(rows) == ("eval/average/loss", rows[1])  # the average eval loss, lowest
+    assert best_row(rows, "eval/prose/loss") == ("eval/prose/loss", rows[0])
+    assert best_row(rows, "task/x/acc") == ("task/x/acc", rows[1])  # a score: highest
+    tied = [row("c", 1e-2, **{"train/loss": 1.5}), row("d", 1e-1, **{"train/loss": 1.5})]
+    assert best_row(tied) is None and best_row(rows[:1]) is None
+    assert group_of(rows[1], ["optimizer.learning_rate"]) == "learning_rate=0.003"
