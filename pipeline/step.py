@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar
 
 __all__ = [
     "ADDED_FIELD",
+    "APPLIES_WHEN",
     "HangPolicy",
     "OutputOf",
     "Resources",
@@ -23,7 +24,9 @@ __all__ = [
     "ThisOutput",
     "Versioned",
     "added_field",
+    "applies_when",
     "hooks_of",
+    "inapplicable_fields",
     "is_step_function",
     "output_of",
     "step_function",
@@ -58,6 +61,46 @@ def added_field(default: Any, *, doc: str = "") -> Any:
             sliding_window: int | None = added_field(None)   # new: old models keep their identity
     """
     return dataclasses.field(default=default, metadata={ADDED_FIELD: True, "doc": doc})
+
+
+APPLIES_WHEN = "drydock_applies_when"
+"""Dataclass field metadata: (sibling field, value) under which the field means anything."""
+
+
+def applies_when(default: Any, *, field: str, equals: Any, doc: str = "") -> Any:
+    """A config field that matters only when its sibling `field` equals `equals` (Muon's AdamW
+    learning rate, in an optimizer spec that may name AdamW). It enters identity as any field does
+    (nothing changes for steps made before it was marked); views leave it out where it does not
+    apply: `.step.json` lists it under `inapplicable`, and the dashboard does not show it among
+    the step's hyperparameters.
+
+        @dataclass(frozen=True)
+        class OptimizerSpec:
+            name: str = "adamw"
+            adam_learning_rate: float = applies_when(3e-3, field="name", equals="muon")
+    """
+    return dataclasses.field(default=default, metadata={APPLIES_WHEN: (field, equals), "doc": doc})
+
+
+def inapplicable_fields(config: Any, path: str = "") -> list[str]:
+    """Dotted paths of the fields of `config` (and the dataclasses inside it, `Versioned` or not)
+    whose `applies_when` condition does not hold."""
+    if isinstance(config, Versioned):
+        return inapplicable_fields(config.value, path)
+    if not dataclasses.is_dataclass(config) or isinstance(config, type):
+        return []
+    out: list[str] = []
+    for f in dataclasses.fields(config):
+        here = f"{path}.{f.name}" if path else f.name
+        condition = f.metadata.get(APPLIES_WHEN)
+        if condition is not None:
+            sibling = getattr(config, condition[0], None)
+            sibling = sibling.value if isinstance(sibling, Versioned) else sibling
+            if sibling != condition[1]:
+                out.append(here)
+                continue
+        out.extend(inapplicable_fields(getattr(config, f.name, None), here))
+    return out
 
 
 def versioned(value: T) -> T:

@@ -49,6 +49,7 @@ from pipeline import (
     Resources,
     Step,
     StepDeclarationError,
+    applies_when,
     current_gang,
     output_of,
     step_events,
@@ -98,7 +99,7 @@ class OptimizerSpec:
     name: Literal["adamw", "muon"] = "adamw"
     learning_rate: float = 3e-3
     """Peak learning rate (for Muon: of the 2-D weight matrices Muon updates)."""
-    adam_learning_rate: float = 3e-3
+    adam_learning_rate: float = applies_when(3e-3, field="name", equals="muon")
     """Muon only: the AdamW learning rate of embeddings, LM head, norms and experts."""
     weight_decay: float = 0.1
     beta1: float = 0.9

@@ -23,7 +23,7 @@ from pipeline.core.configs import to_plain
 from pipeline.core.dag import Dag, drift_text, fn_import_path, resolved_config
 from pipeline.core.drift import drift_digest_of_text
 from pipeline.run.alerts import redact_argv
-from pipeline.step import hooks_of
+from pipeline.step import hooks_of, inapplicable_fields
 
 __all__ = [
     "code_fingerprint",
@@ -103,6 +103,8 @@ def step_info(dag: Dag, label: str, config: Any | None = None) -> dict[str, Any]
         "deps": [dag.nodes[d].output_path for d in node.deps],
         "soft_deps": [dag.nodes[d].output_path for d in node.soft_deps],
         "resources": node.step.resources.to_json(),
+        # Fields that mean nothing here (a Muon-only rate of an AdamW run): views leave them out.
+        **({"inapplicable": skipped} if (skipped := inapplicable_fields(node.step.config)) else {}),
     }
 
 

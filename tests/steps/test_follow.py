@@ -226,7 +226,9 @@ def test_a_task_curve_carries_each_points_standard_error_and_the_chance_level():
         10: {"acc": {"sums": 0.28}, "se": {"sums": 0.026}, "chance": {"sums": 0.25}},
         20: {"acc": {"sums": 0.30}, "se": {"sums": 0.027}, "chance": {"sums": 0.25}},
     }
-    drawn = curve(done, lambda r: r["acc"], "accuracy", errors=lambda r: r["se"], levels=lambda r: r["chance"])
+    drawn = curve(
+        done, lambda r: r["acc"], "accuracy", errors=lambda r: r["se"], levels=lambda r: r["chance"]
+    )
     assert drawn == {
         "ylabel": "accuracy",
         "steps": [10, 20],

@@ -376,9 +376,13 @@ REFRESH_SECONDS = 10
 def _hyperparameters(info: Mapping[str, Any]) -> list[tuple[str, Any]]:
     """The step's versioned values as `a.b.c` rows: what makes this run this run."""
     versioned = (info.get("identity") or {}).get("versioned") if isinstance(info, Mapping) else None
+    skipped = info.get("inapplicable") if isinstance(info, Mapping) else None
+    hidden = {str(p) for p in skipped} if isinstance(skipped, list) else set()
     rows: list[tuple[str, Any]] = []
 
     def walk(value: Any, path: str) -> None:
+        if path in hidden:
+            return  # a field that does not apply to this step (`applies_when`)
         if isinstance(value, Mapping):
             for key, item in value.items():
                 if key != "__class__":

@@ -489,3 +489,38 @@ def test_collect_refs_plain_form_is_to_plain_with_placeholders_left_in_place(pre
     text = json.dumps(plain, sort_keys=True, separators=(",", ":"), default=render)
     assert text == json.dumps(expected, sort_keys=True, separators=(",", ":"), default=repr)
     assert drift_digest_of_text("0123abcd", text) == drift_digest("0123abcd", expected)
+
+
+def test_a_field_that_applies_only_sometimes_keeps_its_identity_and_is_named_where_it_does_not():
+    """`applies_when`: the Muon-only rate of an optimizer spec. Marking the field changes no
+    identity; `.step.json` lists it as inapplicable for AdamW, so views leave it out."""
+    from pipeline.core.dag import build_dag
+    from pipeline.run.provenance import step_info
+    from pipeline.step import Step, applies_when, inapplicable_fields, this_output, versioned
+
+    @dataclass(frozen=True)
+    class Plain:
+        name: str = "adamw"
+        adam_learning_rate: float = 3e-3
+
+    @dataclass(frozen=True)
+    class Marked:
+        name: str = "adamw"
+        adam_learning_rate: float = applies_when(3e-3, field="name", equals="muon")
+
+    @dataclass(frozen=True)
+    class Train:
+        output: str
+        optimizer: Any
+
+    def identity(spec: Any) -> dict:
+        dag = build_dag([Step("t", write_value, Train(this_output(), versioned(spec)))], "/p")
+        (node,) = dag.nodes.values()
+        return {k: v for k, v in node.identity.payload["versioned"]["optimizer"].items() if k != "__class__"}
+
+    assert identity(Marked()) == identity(Plain())
+    assert inapplicable_fields(Train("/o", versioned(Marked()))) == ["optimizer.adam_learning_rate"]
+    assert inapplicable_fields(Train("/o", versioned(Marked(name="muon")))) == []
+    dag = build_dag([Step("t", write_value, Train(this_output(), versioned(Marked())))], "/p")
+    (label,) = dag.nodes
+    assert step_info(dag, label)["inapplicable"] == ["optimizer.adam_learning_rate"]

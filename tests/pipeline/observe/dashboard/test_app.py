@@ -379,3 +379,15 @@ def test_allow_host_names_another_host(runs):
         assert httpx.get(url, headers={"Host": "other.example"}, timeout=30).status_code == 421
     finally:
         stop(server)
+
+
+def test_the_dashboard_leaves_out_a_field_that_does_not_apply():
+    from pipeline.observe.dashboard.app import _hyperparameters
+
+    info = {
+        "identity": {
+            "versioned": {"optimizer": {"name": "adamw", "learning_rate": 3e-3, "adam_learning_rate": 3e-3}}
+        },
+        "inapplicable": ["optimizer.adam_learning_rate"],
+    }
+    assert _hyperparameters(info) == [("optimizer.name", "adamw"), ("optimizer.learning_rate", 3e-3)]
