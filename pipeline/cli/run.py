@@ -192,36 +192,48 @@ def _stdout_to_stderr() -> Any:
 def _run_and_print(call: ExperimentCall) -> int:
     """Run the experiment, then print its outcome: a table on stderr, reports and outputs on stdout."""
     steps, config, description, source_file = call.steps, call.config, call.description, call.source_file
-    with output_may_close():  # Ctrl-C also ends a `| tee`: the run still cancels and closes cleanly
+    # Ctrl-C also ends a `| tee`: the run still cancels, closes its record, says what it can and
+    # exits with its own code (130), whether or not its output still has a reader.
+    with output_may_close():
         if config.json:
             with _stdout_to_stderr():
                 result = run_experiment(steps, config, description=description, source_file=source_file)
         else:
             result = run_experiment(steps, config, description=description, source_file=source_file)
-    if isinstance(result, Plan):
-        previews = step_previews(result)
-        explanations = plan_explanations(result, open_storage(result.dag.prefix))
-        warnings = _plan_warnings(result, config)
-        if config.json:
-            out = result.to_json(dry_run=True)
-            if warnings:
-                out["warnings"] = warnings
-            for entry in out["steps"]:
-                if entry["label"] in explanations:
-                    entry["explain"] = explanations[entry["label"]]
-                preview = previews.get(entry["label"])
-                if isinstance(preview, Mapping):
-                    entry.update({k: v for k, v in preview.items() if k not in entry})
-                elif preview:
-                    entry["preview"] = preview
-            print(json.dumps(out, indent=2))
-        else:
-            print_table(plan_table(result, explanations=explanations))
-            for label, preview in previews.items():
-                print(f"\n{label}:\n{format_preview(preview)}")
-            for warning in warnings:
-                print(f"warning: {warning}", file=sys.stderr)
-        return 0
+        if not isinstance(result, Plan):
+            return _print_run(result, config, source_file)
+    return _print_plan(result, config)
+
+
+def _print_plan(result: Plan, config: Any) -> int:
+    """Print a plan: the table (or JSON) on stdout, previews, and its warnings on stderr."""
+    previews = step_previews(result)
+    explanations = plan_explanations(result, open_storage(result.dag.prefix))
+    warnings = _plan_warnings(result, config)
+    if config.json:
+        out = result.to_json(dry_run=True)
+        if warnings:
+            out["warnings"] = warnings
+        for entry in out["steps"]:
+            if entry["label"] in explanations:
+                entry["explain"] = explanations[entry["label"]]
+            preview = previews.get(entry["label"])
+            if isinstance(preview, Mapping):
+                entry.update({k: v for k, v in preview.items() if k not in entry})
+            elif preview:
+                entry["preview"] = preview
+        print(json.dumps(out, indent=2))
+    else:
+        print_table(plan_table(result, explanations=explanations))
+        for label, preview in previews.items():
+            print(f"\n{label}:\n{format_preview(preview)}")
+        for warning in warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+    return 0
+
+
+def _print_run(result: RunReport, config: Any, source_file: str | None) -> int:
+    """Print a run's outcome: a table on stderr, reports and outputs on stdout; its exit code."""
     reports = step_reports(result)
     dag = result.plan.dag
     manifest = manifest_path(dag.prefix, dag.nodes, experiment_name(config.experiment, source_file))

@@ -331,13 +331,12 @@ def read_checkpoint_curve(data: bytes | None) -> dict[str, Any] | None:
         return None
     if not steps or not series:
         return None
-    return {
-        "ylabel": str(raw.get("ylabel") or ""),
-        "steps": steps,
-        "series": series,
-        "errors": errors,
-        "levels": levels,
-    }
+    out: dict[str, Any] = {"ylabel": str(raw.get("ylabel") or ""), "steps": steps, "series": series}
+    if errors:
+        out["errors"] = errors
+    if levels:
+        out["levels"] = levels
+    return out
 
 
 def best_row(rows: Sequence[Row], metric: str | None = None) -> tuple[str, Row] | None:
