@@ -48,6 +48,7 @@ __all__ = [
     "read_step_results",
     "step_result_path",
     "training_of",
+    "wait_for_checkpoint",
 ]
 
 logger = logging.getLogger(__name__)
@@ -174,23 +175,71 @@ def follow_checkpoints(
                 f"the training at {train} finished without a checkpoint at its final step {final_step} "
                 f"under {root}; evaluated steps {sorted(done)}"
             )
-        state = step_state(train)
-        if state == "SUCCESS":
-            finished = True  # list once more: the final checkpoint lands before the commit
-            continue
-        if state == "RUNNING":
-            waiting_since = None
-        else:
-            waiting_since = clock() if waiting_since is None else waiting_since
-            failed = state in ("FAILED", "CANCELLED", "CORRUPT")
-            limit = settings.failed_grace_seconds if failed else settings.patience_seconds
-            if clock() - waiting_since > limit:
-                raise RuntimeError(
-                    f"the training at {train} is {state} (for over {limit:.0f} s) before its final "
-                    f"checkpoint (step {final_step}); evaluated steps {sorted(done)}. Rerun to resume."
-                )
-        sleep(settings.poll_seconds)
+        finished, waiting_since = _training_waited(
+            train,
+            waiting_since,
+            settings,
+            clock,
+            f"its final checkpoint (step {final_step}); evaluated steps {sorted(done)}. Rerun to resume.",
+        )
+        if not finished:
+            sleep(settings.poll_seconds)
     return done
+
+
+def wait_for_checkpoint(
+    train: str,
+    step: int,
+    *,
+    settings: FollowSettings = FollowSettings(),
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str:
+    """The complete checkpoint of `step` of training output `train`, waiting for it while the
+    training runs (a branch starting from a training that is still going). A training that
+    finishes without it, or stays failed or away, is an error naming the training."""
+    root = checkpoints_dir(train)
+    waiting_since: float | None = None
+    finished = False
+    told = False
+    while (found := checkpoint_at(root, step)) is None:
+        if finished:
+            raise FileNotFoundError(
+                f"the training at {train} finished without a checkpoint at step {step} under {root}"
+            )
+        if not told:
+            print(f"waiting for the checkpoint of step {step} under {root}", flush=True)
+            told = True
+        finished, waiting_since = _training_waited(
+            train, waiting_since, settings, clock, f"its checkpoint of step {step}. Rerun to resume."
+        )
+        if not finished:
+            sleep(settings.poll_seconds)
+    return found
+
+
+def _training_waited(
+    train: str,
+    waiting_since: float | None,
+    settings: FollowSettings,
+    clock: Callable[[], float],
+    before: str,
+) -> tuple[bool, float | None]:
+    """While waiting for a checkpoint of training output `train`: (whether it has finished, so a
+    last look is due: its checkpoints land before its commit; since when it has not been
+    running). A training failed past `failed_grace_seconds`, or away past `patience_seconds`, is
+    a RuntimeError saying what was waited `before`."""
+    state = step_state(train)
+    if state == "SUCCESS":
+        return True, waiting_since
+    if state == "RUNNING":
+        return False, None
+    waiting_since = clock() if waiting_since is None else waiting_since
+    failed = state in ("FAILED", "CANCELLED", "CORRUPT")
+    limit = settings.failed_grace_seconds if failed else settings.patience_seconds
+    if clock() - waiting_since > limit:
+        raise RuntimeError(f"the training at {train} is {state} (for over {limit:.0f} s) before {before}")
+    return False, waiting_since
 
 
 def evaluate_checkpoints(
@@ -304,7 +353,11 @@ def check_follow(name: str, blocking: bool | None, follow: bool, checkpoint_step
 
 
 def check_checkpoint_step(
-    name: str, training: Any, checkpoint_step: int | None, follow: bool = False
+    name: str,
+    training: Any,
+    checkpoint_step: int | None,
+    follow: bool = False,
+    field: str = "checkpoint_step",
 ) -> None:
     """A checkpoint the training keeps (every `checkpoint_interval` steps, and its final step, and
     under a retention policy only those it retains), or the declaration error of step `name`: any
@@ -329,12 +382,12 @@ def check_checkpoint_step(
             name,
             f"the training's retention (keep_checkpoints={keep}, keep_every={keep_every}) deletes "
             f"the checkpoint of step {checkpoint_step}; it keeps {sorted(kept)}",
-            "checkpoint_step",
+            field,
         )
     if not kept_steps_of(final, interval)(checkpoint_step):
         raise StepDeclarationError(
             name,
             f"the training keeps checkpoints every {interval} steps and at its final step {final}; "
             f"step {checkpoint_step} is not one of them",
-            "checkpoint_step",
+            field,
         )

@@ -31,6 +31,7 @@ def levanter_optimizer(
         min_lr_ratio=spec.min_lr_ratio,
         lr_schedule=spec.lr_schedule,
         weight_decay=spec.weight_decay,
+        decay=spec.decay,
     )
     if spec.name == "adamw":
         from levanter.optim import AdamConfig
@@ -96,12 +97,14 @@ def levanter_train_config(
     log_dir: str | None = None,
     rewinds: list[Rewind] | None = None,
     prediction: str | None = None,
+    initialize_from: str | None = None,
 ) -> Any:
     """The `TrainLmConfig` that train_moe hands to Levanter's `train_lm.main` for `config`.
 
     `metrics_path` is the local file the metrics tracker appends to and `log_dir` where Levanter's
     log goes (default: `metrics.jsonl` and `logs/` in the output, which must then be local).
     `rewinds` (the run's so far) skip their data batches and scale the learning rate.
+    `initialize_from` is the trunk's checkpoint a branch starts from while it has none of its own.
     """
     import dataclasses
     import json
@@ -120,6 +123,7 @@ def levanter_train_config(
         RouterStatsWatchConfig,
         local_path,
         scale_learning_rate,
+        shift_schedule,
         skip_batches,
     )
 
@@ -153,13 +157,16 @@ def levanter_train_config(
     rewinds = rewinds or []
     data = skip_batches(data, skipped_ranges(rewinds), config.batch_size)
     optimizer = levanter_optimizer(config.optimizer, config.stability, config.spike_policy)
+    # A branch with a fresh optimizer: its schedule counts from the branch point, over its own steps.
+    offset = config.init_step if config.init == "weights" and config.init_step else 0
+    optimizer = shift_schedule(optimizer, offset)
     # Under skip and rewind a NaN/Inf loss is the guard's to handle, not a crash.
     guarded = config.spike_policy.action != "warn"
     return TrainLmConfig(
         data=data,
         model=model,
         train_seq_len=config.seq_len,
-        optimizer=scale_learning_rate(optimizer, rewinds),
+        optimizer=scale_learning_rate(optimizer, rewinds, offset),
         z_loss_weight=config.stability.z_loss,
         trainer=TrainerConfig(
             id="train",
@@ -175,6 +182,7 @@ def levanter_train_config(
             crash_on_inf=not guarded,
             log_jaxprs=False,
             log_xla_hlo=False,
+            initialize_from=initialize_from,
             **({"mesh": config.mesh.to_levanter()} if config.mesh is not None else {}),
             mp=jmp.get_policy("p=f32,c=bfloat16" if config.precision == "bf16" else "f32"),
             # A gang joined its process group before anything else (steps.gang_sync.join_gang);

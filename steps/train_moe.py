@@ -38,8 +38,9 @@ import math
 import os
 import shutil
 import tempfile
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal, NoReturn
 
 import fsspec
@@ -49,6 +50,7 @@ from pipeline import (
     Resources,
     Step,
     StepDeclarationError,
+    added_field,
     applies_when,
     current_gang,
     output_of,
@@ -91,6 +93,11 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+_ONE_TRAINING = threading.Lock()
+"""Held while a training runs: Levanter's tracker (where metrics go) and JAX's distributed state
+belong to the process, so two trainings in threads of one process (the local backend) would
+write each other's metrics. One runs at a time; the others wait here."""
+
 
 @dataclass(frozen=True)
 class OptimizerSpec:
@@ -108,7 +115,12 @@ class OptimizerSpec:
     """Warm-up, as a fraction of the steps (or a step count if >= 1)."""
     min_lr_ratio: float = 0.1
     lr_schedule: str = "cosine"
+    """The shape of the decay: "cosine", "linear" or "constant" (Levanter's names)."""
     max_grad_norm: float = 1.0
+    decay: float | None = added_field(None)
+    """None: decay over every step after the warm-up. Set, warmup-stable-decay: hold the peak rate
+    after the warm-up and decay only over the last `decay` of the steps (a fraction, or a step
+    count if >= 1). A cooldown is a branch of such a run taken in its stable phase (`init_from`)."""
 
 
 @dataclass(frozen=True)
@@ -164,6 +176,17 @@ class TrainMoeConfig:
     prediction: LossPrediction | None = None
     """The eval loss this training should reach, step by step (`steps.prediction`): drawn beside
     the measured one, and evaluations outside its interval warn. Not versioned."""
+    init_from: Any = None
+    """A branch: the output of the training (the trunk) whose checkpoint it starts from
+    (`output_of(trunk, blocking=False)`: the branch waits for that checkpoint, not the trunk's end)."""
+    init_step: int | None = None
+    """A branch: the trunk's checkpoint it starts from (versioned when set)."""
+    init: str | None = None
+    """A branch: what it takes from the checkpoint (versioned when set). "weights+optimizer": the
+    whole training state, so it continues the trunk exactly (step count, optimizer moments and
+    schedule position, data order) under its own settings from step `init_step` + 1. "weights":
+    the model only, with a fresh optimizer whose schedule (warm-up included) runs over the
+    branch's own steps; step numbering and data order still continue from the trunk's."""
     metrics_upload_seconds: float = 30.0
     """For an output on object storage: upload the new metrics lines this often. A crash loses at most the
     lines of this many seconds; they are of steps after the last checkpoint (the lines up to a
@@ -187,6 +210,9 @@ def train_moe_step(
     mesh: MeshSpec | None = None,
     precision: str = "f32",
     mfu: float = 0.4,
+    init_from: Step | None = None,
+    init_step: int | None = None,
+    init: str = "weights+optimizer",
     **options: Any,
 ) -> Step:
     """A ready train_moe `Step`: model, optimizer, data, batch, length, steps and seed are versioned,
@@ -204,6 +230,14 @@ def train_moe_step(
     devices, the batch and the experts), `precision` "bf16" to compute in bfloat16, `mfu` the
     utilization the plan's time estimate assumes. With the vocabulary known (`vocab_size`) and an
     accelerator named, a layout whose estimated memory does not fit a device is refused.
+
+    `init_from=trunk, init_step=N` makes it a branch of train_moe step `trunk`: it starts from
+    the trunk's checkpoint N (waiting for it while the trunk runs) and trains on to `num_steps`,
+    its step numbers continuing the trunk's. `init` says what it loads ("weights+optimizer", the
+    default: the whole state, an exact continuation; "weights": the model only, with a fresh
+    optimizer). The trunk's identity, N and `init` are part of the branch's. Refused here: a
+    checkpoint the trunk does not keep, a model that differs from the trunk's, and (whole state)
+    an optimizer whose state is shaped differently.
     """
     optimizer = optimizer or OptimizerSpec()
     policy, stability = spike_policy or SpikePolicy(), stability or Stability()
@@ -228,6 +262,7 @@ def train_moe_step(
             check_prediction(options["prediction"], model, num_steps * batch_size * seq_len, num_steps)
         except PredictionError as e:
             raise StepDeclarationError(name, e.message, field=e.field) from e
+    check_branch(name, init_from, init_step, init, model, optimizer, policy, stability, num_steps)
     hardware = hardware_of(resources, mfu)
     for field_name, message in layout_problems(
         model, mesh or MeshSpec(), hardware, batch_size, seq_len, vocab_size, precision
@@ -251,6 +286,15 @@ def train_moe_step(
             mesh=mesh,
             precision=versioned(precision) if precision != "f32" else precision,
             hardware=hardware,
+            **(
+                dict(
+                    init_from=output_of(init_from, blocking=False),
+                    init_step=versioned(init_step),
+                    init=versioned(init),
+                )
+                if init_from is not None
+                else {}
+            ),
             **options,
         ),
         description=f"train {model.family} {name}",
@@ -299,6 +343,21 @@ def check_declaration(
         refuse(
             "optimizer.warmup", f"{warmup:g} warm-up steps is not shorter than the run ({num_steps} steps)"
         )
+    decay = optimizer.decay
+    if decay is not None:
+        number = isinstance(decay, int | float) and not isinstance(decay, bool)
+        if not number or not math.isfinite(decay) or decay <= 0:
+            refuse("optimizer.decay", f"must be a fraction of the run or a step count > 0, got {decay!r}")
+
+        def steps_of(value: float) -> float:  # Levanter's reading: a step count if >= 1, else a fraction
+            return value if value >= 1 else value * num_steps
+
+        if steps_of(decay) + steps_of(warmup) > num_steps:
+            refuse(
+                "optimizer.decay",
+                f"warm-up ({warmup:g}) and decay ({decay:g}) together are longer than the run "
+                f"({num_steps} steps)",
+            )
     mixture = getattr(data, "config", None) if isinstance(data, Step) else None
     if mixture is not None and type(mixture).__name__ == "MixtureConfig":
         planned = {
@@ -319,6 +378,68 @@ def check_declaration(
                 f"{num_steps} steps is longer than the mixture {data.name!r} was sized for ({available} "
                 f"steps: target_tokens {target:,} / {batch_size * seq_len:,} per step); raise its "
                 "target_tokens or lower num_steps",
+            )
+
+
+BRANCH_INITS = ("weights+optimizer", "weights")
+"""What a branch takes from its trunk's checkpoint (`train_moe_step(init=...)`)."""
+
+
+def check_branch(
+    name: str,
+    trunk: Any,
+    init_step: Any,
+    init: Any,
+    model: MoeModelConfig,
+    optimizer: OptimizerSpec,
+    policy: SpikePolicy,
+    stability: Stability,
+    num_steps: int,
+) -> None:
+    """What `train_moe_step` refuses about a branch (`init_from`, `init_step`, `init`)."""
+    from steps.follow import check_checkpoint_step, plain
+
+    def refuse(field_name: str, message: str) -> NoReturn:
+        raise StepDeclarationError(name, message, field=field_name)
+
+    if trunk is None:
+        if init_step is not None:
+            refuse("init_step", "a checkpoint step without init_from: name the training to branch from")
+        return
+    if not isinstance(trunk, Step) or not isinstance(trunk.config, TrainMoeConfig):
+        refuse("init_from", f"give a train_moe step (train_moe_step(...)), got {type(trunk).__name__}")
+    if init not in BRANCH_INITS:
+        refuse("init", f"{init!r} is not one of {', '.join(map(repr, BRANCH_INITS))}")
+    if isinstance(init_step, bool) or not isinstance(init_step, int) or init_step <= 0:
+        refuse("init_step", f"the trunk's checkpoint to start from, a step number > 0; got {init_step!r}")
+    source = trunk.config
+    check_checkpoint_step(name, source, init_step, field="init_step")
+    if init_step >= num_steps - 1:
+        refuse(
+            "init_step",
+            f"the branch starts after step {init_step} and trains to step {num_steps - 1}: raise num_steps",
+        )
+    trunk_model = plain(source.model)
+    if model != trunk_model:
+        differ = [
+            f"{f.name} {getattr(model, f.name)!r} (trunk: {getattr(trunk_model, f.name)!r})"
+            for f in fields(model)
+            if getattr(model, f.name) != getattr(trunk_model, f.name)
+        ]
+        loads = f"differs from the trunk {trunk.name!r}'s, whose weights it loads: "
+        refuse("model", loads + ", ".join(differ))
+    if init == "weights+optimizer":
+        # The whole state is loaded as saved: the optimizer's state must have the same structure.
+        def shape(o: OptimizerSpec, p: SpikePolicy, s: Stability) -> tuple[Any, ...]:
+            return (o.name, s.update_rms_clipping is None, s.clip_update_sigma is None, p.action == "skip")
+
+        trunk_shape = shape(plain(source.optimizer), plain(source.spike_policy), plain(source.stability))
+        if shape(optimizer, policy, stability) != trunk_shape:
+            refuse(
+                "init",
+                f"the optimizer's state is shaped differently from the trunk {trunk.name!r}'s (its "
+                "optimizer, update clipping or skip policy differ), so it cannot be loaded: use "
+                "init='weights' for a fresh optimizer",
             )
 
 
@@ -363,6 +484,9 @@ def summarize(config: TrainMoeConfig, vocab_size: int | None) -> dict[str, Any]:
     if vocab_size is not None:
         total, active = parameter_counts(config.model, vocab_size)
         summary.update(total_params=total, active_params=active, vocab_size=vocab_size)
+    if config.init_from is not None:
+        # train_tokens counts what the model has seen, its trunk's steps included.
+        summary["branch"] = {"trunk": str(config.init_from), "step": config.init_step, "init": config.init}
     return summary
 
 
@@ -387,6 +511,9 @@ def preview(config: TrainMoeConfig) -> dict[str, Any]:
         )
     if config.prediction is not None:
         out["predicted eval loss"] = _predicted_text(config.prediction)
+    if config.init_from is not None:
+        trunk = str(config.init_from).rstrip("/").rsplit("/", 2)
+        out["branches from"] = f"checkpoint {config.init_step} of {'/'.join(trunk[-2:])} ({config.init})"
     resumes = _resumes_from(config)
     if resumes is not None:
         out["resumes from"] = f"step {resumes} (its newest checkpoint)"
@@ -506,8 +633,6 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
     from steps.training_hooks import (
         fix_eval_tag_arrays,
         fix_mixtral_jit_log,
-        fresh_tensorstore_cache,
-        read_events,
         write_file,
     )
 
@@ -540,6 +665,40 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
         )
     rewinds_path = os.path.join(out, REWINDS_FILE)
     rewinds = read_rewinds(read_text(rewinds_path) if exists(rewinds_path) else None, rewinds_path)
+    branch = None
+    if config.init_from is not None and _latest_step(checkpoints)[1] is None:
+        # A branch's first attempt starts from its trunk's checkpoint (Levanter's initialize_from:
+        # used only while the branch has no checkpoint of its own, so a resume takes its own).
+        from steps.follow import wait_for_checkpoint
+
+        branch = wait_for_checkpoint(config.init_from, config.init_step)
+    if not _ONE_TRAINING.acquire(blocking=False):
+        print("train_moe: waiting for another training in this process to finish", flush=True)
+        while not _ONE_TRAINING.acquire(timeout=1.0):
+            pass  # back in Python each second, so a cancel (raised at the next instruction) lands
+    try:
+        return _train(config, gang, data, model, vocab, checkpoints, metrics, curve, rewinds, branch)
+    finally:
+        _ONE_TRAINING.release()
+
+
+def _train(
+    config: TrainMoeConfig,
+    gang: Any,
+    data: Any,
+    model: Any,
+    vocab: int,
+    checkpoints: str,
+    metrics: str,
+    curve: str | None,
+    rewinds: list[Rewind],
+    branch: str | None,
+) -> dict[str, Any]:
+    """train_moe's attempts (resumes and rewinds) and its result, under `_ONE_TRAINING`."""
+    from steps.training_hooks import fresh_tensorstore_cache, read_events, write_file
+
+    out = config.output
+    rewinds_path = os.path.join(out, REWINDS_FILE)
     first_resumed_from = None
     started = time.time()
     while True:
@@ -548,7 +707,7 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
         if first_resumed_from is None and not rewinds:
             first_resumed_from = resumed_from
         try:
-            _train_attempt(config, data, model, resumed_from, rewinds, gang.leader, curve)
+            _train_attempt(config, data, model, resumed_from, rewinds, gang.leader, curve, branch)
             break
         except RewindNeeded as e:
             # Every process got here at the same step (the tracker's decision is shared), with
@@ -621,16 +780,18 @@ def _train_attempt(
     rewinds: list[Rewind],
     leader: bool = True,
     prediction: str | None = None,
+    branch: str | None = None,
 ) -> None:
-    """Run Levanter's train_lm from the checkpoint at `resumed_from` (None: from scratch) to the
-    end, or until the spike guard raises `RewindNeeded`. Only the `leader` of a gang keeps the
-    metrics and Levanter's logs."""
+    """Run Levanter's train_lm from the checkpoint at `resumed_from` (None: from scratch, or from
+    the trunk's checkpoint `branch`) to the end, or until the spike guard raises `RewindNeeded`.
+    Only the `leader` of a gang keeps the metrics and Levanter's logs."""
     from levanter.main import train_lm
 
     from steps.training_hooks import (
         MetricsUploader,
         begin_metrics,
         checkpoint_saved,
+        fresh_optimizer_state,
         local_path,
         read_events,
         read_metrics,
@@ -656,6 +817,7 @@ def _train_attempt(
         log_dir=None if scratch is None else os.path.join(scratch, "logs"),
         rewinds=rewinds,
         prediction=prediction,
+        initialize_from=branch if resumed_from is None else None,
     )
     uploader = None
     if scratch is not None and leader:
@@ -669,8 +831,11 @@ def _train_attempt(
             else:
                 if resumed_from is not None:
                     print(f"train_moe: resuming from the checkpoint at step {resumed_from}", flush=True)
+                elif branch is not None:
+                    print(f"train_moe: branching from {branch} ({config.init})", flush=True)
+                weights_only = branch is not None and config.init == "weights"
                 try:
-                    with hub_offline(config.hub_offline):
+                    with hub_offline(config.hub_offline), fresh_optimizer_state(weights_only):
                         train_lm.main(levanter_config)
                 finally:
                     # A rewind deletes checkpoints: none may still be being written.

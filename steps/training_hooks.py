@@ -9,6 +9,7 @@ only when a probe shows the bug it fixes is present.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -20,7 +21,7 @@ import posixpath
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import fsspec
@@ -748,9 +749,10 @@ def skip_batches(data: Any, skipped: list[tuple[int, int]], batch_size: int) -> 
     return data
 
 
-def scale_learning_rate(optimizer: Any, rewinds: Sequence[Rewind]) -> Any:
+def scale_learning_rate(optimizer: Any, rewinds: Sequence[Rewind], offset: int = 0) -> Any:
     """A copy of the Levanter optimizer config `optimizer` whose schedule is multiplied by
-    `spikes.lr_multiplier(rewinds, step)` (the schedule's count is the optimizer step)."""
+    `spikes.lr_multiplier(rewinds, step)` (the schedule's count is the optimizer step, which is
+    the training step less `offset`: a branch's fresh optimizer counts from the branch point)."""
     windows = [
         (r.lr_from_step, r.lr_until_step, r.lr_factor)
         for r in rewinds
@@ -766,14 +768,59 @@ def scale_learning_rate(optimizer: Any, rewinds: Sequence[Rewind]) -> Any:
 
         def scaled(count: Any) -> Any:
             factor = jnp.ones((), dtype=jnp.float32)
+            step = count + offset
             for first, until, scale in windows:
-                factor = factor * jnp.where((count >= first) & (count < until), scale, 1.0)
+                factor = factor * jnp.where((step >= first) & (step < until), scale, 1.0)
             return schedule(count) * factor
 
         return scaled
 
     object.__setattr__(optimizer, "lr_scheduler", scaled_scheduler)
     return optimizer
+
+
+def shift_schedule(optimizer: Any, steps_done: int) -> Any:
+    """A copy of the Levanter optimizer config `optimizer` whose schedule spans the run's steps
+    less `steps_done`: for a branch that starts a fresh optimizer (its count 0) at step
+    `steps_done`, so its warm-up and decay fit the steps it trains. Unchanged for 0."""
+    if not steps_done:
+        return optimizer
+    optimizer = copy.copy(optimizer)
+    scheduler = optimizer.lr_scheduler
+
+    def shifted(num_train_steps: int, override_lr: float | None = None) -> Any:
+        return scheduler(num_train_steps - steps_done, override_lr=override_lr)
+
+    object.__setattr__(optimizer, "lr_scheduler", shifted)
+    return optimizer
+
+
+@contextlib.contextmanager
+def fresh_optimizer_state(active: bool = True) -> Iterator[None]:
+    """While active, Levanter's trainer loads only the model, step and key of the checkpoint it
+    initializes from, and initializes the optimizer's state afresh (a branch with init="weights").
+
+    Levanter decides what to read from a checkpoint by the mask `saveable_training_mask` gives;
+    `Trainer.initial_state` is its only caller in `levanter.trainer` (saving uses its own module's
+    name), so this changes what the initial state loads and nothing it saves."""
+    if not active:
+        yield
+        return
+    import levanter.trainer as trainer_module
+
+    original = trainer_module.saveable_training_mask
+
+    def weights_only(state: Any, is_trainable: Any = True) -> Any:
+        mask = original(state, is_trainable)
+        off = jax.tree_util.tree_map(lambda _: False, mask.opt_state)
+        averaging = jax.tree_util.tree_map(lambda _: False, mask.model_averaging)
+        return dataclasses.replace(mask, opt_state=off, model_averaging=averaging)
+
+    trainer_module.saveable_training_mask = weights_only
+    try:
+        yield
+    finally:
+        trainer_module.saveable_training_mask = original
 
 
 def fresh_tensorstore_cache() -> None:
