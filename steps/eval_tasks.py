@@ -38,8 +38,10 @@ __all__ = [
     "check_tasks",
     "inline_task",
     "lm_eval_spec",
+    "registry_leaves",
     "registry_names",
     "registry_task",
+    "task_manager",
 ]
 
 OUTPUT_TYPES = ("multiple_choice", "loglikelihood", "loglikelihood_rolling", "generate_until")
@@ -181,6 +183,34 @@ def registry_names() -> frozenset[str]:
     return frozenset(TaskManager().all_tasks)
 
 
+@functools.cache
+def task_manager() -> Any:
+    """lm-eval's TaskManager, indexed once per process (about 10 s)."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager()
+
+
+def registry_leaves(name: str) -> list[str]:
+    """The lm-eval tasks registry name `name` stands for: itself for a task; for a group (MMLU)
+    or a tag, every task under it, through subgroups and tags, in the registry's order. Each
+    reads its own dataset, so under `task_data` each has its own directory."""
+    index = task_manager().task_index
+    entry = index.get(name)
+    if entry is None:
+        return [name]
+    kind = str(getattr(entry.kind, "name", entry.kind)).upper()
+    if kind == "GROUP":
+        members = entry.cfg.get("task", [])
+        members = members if isinstance(members, list) else [members]
+        names = [m if isinstance(m, str) else m.get("task") for m in members]
+        return [leaf for member in names if isinstance(member, str) for leaf in registry_leaves(member)]
+    if kind == "TAG":
+        tagged = [other for other, e in index.items() if name in (e.tags or ())]
+        return [leaf for other in tagged for leaf in registry_leaves(other)]
+    return [name]
+
+
 def is_registered(name: str) -> bool:
     """Whether lm-eval knows task `name`: the quick text index first, the TaskManager if not there."""
     return name in _indexed_names() or name in registry_names()
@@ -224,8 +254,18 @@ def _check_registry(task: EvalTask, where: str, task_data: str | None) -> None:
         raise ValueError(f"{where}: lm-eval has no task {task.name!r}{hint}")
     if task_data is not None and "://" not in task_data:
         path = os.path.join(task_data, task.name)
-        if not os.path.isdir(path):
+        if os.path.isdir(path):
+            return
+        # A group (MMLU) has no rows of its own: each of its tasks has a directory.
+        leaves = registry_leaves(task.name)
+        if leaves == [task.name]:
             raise ValueError(f"{where}: its data is missing: no directory {path} (task_data)")
+        for leaf in leaves:
+            if not os.path.isdir(os.path.join(task_data, leaf)):
+                raise ValueError(
+                    f"{where}: group {task.name!r} has {len(leaves)} tasks, each with its own rows; "
+                    f"task {leaf!r}'s are missing: no directory {os.path.join(task_data, leaf)} (task_data)"
+                )
 
 
 def _check_inline(task: EvalTask, where: str, data_root: str | None) -> None:

@@ -37,7 +37,14 @@ from typing import Any
 import fsspec
 
 from pipeline import Resources, Step, StepDeclarationError, output_of, step_function, this_output, versioned
-from steps.eval_tasks import EvalTask, check_rows, check_tasks, lm_eval_spec, resolve_data_path
+from steps.eval_tasks import (
+    EvalTask,
+    check_rows,
+    check_tasks,
+    lm_eval_spec,
+    resolve_data_path,
+    task_manager,
+)
 from steps.files import exists, read_json, write_json, write_text
 from steps.follow import (
     FollowSettings,
@@ -155,8 +162,9 @@ def task_eval(config: TaskEvalConfig) -> dict[str, Any]:
     """Evaluate the tasks on the checkpoint(s) of `config`; write results.json (and the rest)."""
     import_ml(*LEVANTER_MODELS, "lm_eval.evaluator", "lm_eval.tasks", "levanter.eval_harness")
     tasks = check_tasks(config.tasks, config.data_root, config.task_data)
-    with _offline(config.datasets_cache), _local_task_files(tasks, config) as files:
-        task_dict, chances, names = _build_tasks(tasks, files, config)
+    with _offline(config.datasets_cache), _local_task_files(tasks, config) as (files, scratch):
+        with _registry_rows(config.task_data, scratch):
+            task_dict, chances, names = _build_tasks(tasks, files, config)
         evaluator = _Evaluator(config, task_dict, chances, tasks, names)
         result = evaluate_checkpoints(
             config,
@@ -199,9 +207,10 @@ def _offline(datasets_cache: str | None) -> Iterator[None]:
 @contextmanager
 def _local_task_files(
     tasks: Sequence[EvalTask], config: TaskEvalConfig
-) -> Iterator[dict[str, dict[str, str] | None]]:
+) -> Iterator[tuple[dict[str, dict[str, str] | None], str]]:
     """Per task, split -> a local file for lm-eval's json loader (URLs copied to scratch first);
-    None for a registry task read from the datasets cache."""
+    None for a registry task (its rows are found as lm-eval loads them: `_registry_rows`); and
+    the scratch directory."""
     scratch = tempfile.mkdtemp(prefix="drydock-tasks-", dir=os.environ.get("DRYDOCK_SCRATCH") or None)
     try:
         files: dict[str, dict[str, str] | None] = {}
@@ -217,21 +226,18 @@ def _local_task_files(
                         check_rows(task, split, local[split], f"tasks[{i}] ({task.name})", shown=path)
                 files[task.key] = local
                 continue
-            elif config.task_data is not None:
-                wanted = _registry_files(task, config.task_data)
-            else:
-                files[task.key] = None
-                continue
-            files[task.key] = {
-                split: _local_copy(path, scratch, task, split) for split, path in wanted.items()
-            }
-        yield files
+            # A registry task keeps its own config (templates, splits, process_docs): a spec that
+            # named a dataset would make lm-eval build a new task from the spec alone. Its rows
+            # under task_data are found as lm-eval loads them (`_registry_rows`).
+            files[task.key] = None
+        yield files, scratch
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _registry_files(task: EvalTask, task_data: str) -> dict[str, str]:
-    directory = f"{task_data.rstrip('/')}/{task.name}"
+def _registry_files(task: EvalTask | str, task_data: str) -> dict[str, str]:
+    name = task if isinstance(task, str) else task.name
+    directory = f"{task_data.rstrip('/')}/{name}"
     fs, plain = fsspec.core.url_to_fs(directory)
     try:
         names = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(plain, detail=False)]
@@ -239,23 +245,54 @@ def _registry_files(task: EvalTask, task_data: str) -> dict[str, str]:
         names = []
     splits = {n[: -len(".jsonl")]: f"{directory}/{n}" for n in names if n.endswith(".jsonl")}
     if not splits:
-        raise FileNotFoundError(f"task {task.name}: task data missing: no <split>.jsonl files in {directory}")
+        raise FileNotFoundError(f"task {name}: task data missing: no <split>.jsonl files in {directory}")
     return splits
 
 
-def _local_copy(path: str, scratch: str, task: EvalTask, split: str) -> str:
+def _local_copy(path: str, scratch: str, task: EvalTask | str, split: str) -> str:
+    name, key = (task, task) if isinstance(task, str) else (task.name, task.key)
     if "://" not in path or path.startswith("file://"):
         local = path.removeprefix("file://")
         if not os.path.isfile(local):
-            raise FileNotFoundError(f"task {task.name}: task data missing: no file {local} (split {split})")
+            raise FileNotFoundError(f"task {name}: task data missing: no file {local} (split {split})")
         return local
-    local = os.path.join(scratch, task.key, f"{split}.jsonl")
+    local = os.path.join(scratch, key, f"{split}.jsonl")
     os.makedirs(os.path.dirname(local), exist_ok=True)
     try:
         fsspec.core.url_to_fs(path)[0].get_file(fsspec.core.url_to_fs(path)[1], local)
     except FileNotFoundError as e:
-        raise FileNotFoundError(f"task {task.name}: task data missing: no file {path} (split {split})") from e
+        raise FileNotFoundError(f"task {name}: task data missing: no file {path} (split {split})") from e
     return local
+
+
+@contextmanager
+def _registry_rows(task_data: str | None, scratch: str) -> Iterator[None]:
+    """While lm-eval builds the tasks: every registry task (a group's members too: MMLU's 57
+    subjects, each with its own dataset) reads its rows from `<task_data>/<its lm-eval
+    name>/<split>.jsonl` instead of its Hub dataset. lm-eval loads a task's dataset in
+    `ConfigurableTask.download`, the one place to point it elsewhere; the task's config (splits,
+    templates, `process_docs`), a group and its aggregation stay lm-eval's."""
+    if task_data is None:
+        yield
+        return
+    import datasets
+    from lm_eval.api.task import ConfigurableTask
+
+    original = ConfigurableTask.download
+
+    def download(self: Any, dataset_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if self.config.dataset_path == "json":  # inline tasks point at their files already
+            return original(self, dataset_kwargs, **kwargs)
+        name = self.config.task
+        wanted = _registry_files(name, task_data)
+        local = {split: _local_copy(path, scratch, name, split) for split, path in wanted.items()}
+        self.dataset = datasets.load_dataset("json", data_files=local)
+
+    ConfigurableTask.download = download
+    try:
+        yield
+    finally:
+        ConfigurableTask.download = original
 
 
 def _build_tasks(
@@ -263,19 +300,28 @@ def _build_tasks(
 ) -> tuple[dict[str, Any], dict[str, float | None], dict[str, str]]:
     """lm-eval's task dict for `tasks`, each leaf task's chance accuracy, and the name lm-eval
     reports each task under (by `EvalTask.key`)."""
-    from lm_eval.tasks import TaskManager, get_task_dict
+    from lm_eval.tasks import get_task_dict
 
-    manager = TaskManager()
+    manager = task_manager()
     task_dict: dict[Any, Any] = {}
     names: dict[str, str] = {}
     seen: set[str] = set()
     for task in tasks:
-        spec = lm_eval_spec(task, files[task.key])
+        # A registry task is built by its name, so lm-eval loads its own config (a dict spec
+        # would make lm-eval build a new task from the dict alone, without the task's splits,
+        # templates or process_docs); the few-shot count is set on it after, as lm-eval's own
+        # evaluator does.
+        spec = lm_eval_spec(task, files[task.key]) if task.inline else task.name
         try:
             built = get_task_dict([spec], manager)
+            if not task.inline:
+                for leaf in _leaves(built):
+                    leaf.set_config(key="num_fewshot", value=task.num_fewshot)
         except Exception as e:  # lm-eval and datasets raise many kinds; name the task and where
-            where = (
-                files[task.key] or f"the datasets cache {os.environ.get('HF_DATASETS_CACHE', '(default)')}"
+            where = files[task.key] or (
+                f"task_data {config.task_data}"
+                if config.task_data is not None
+                else f"the datasets cache {os.environ.get('HF_DATASETS_CACHE', '(default)')}"
             )
             raise ValueError(
                 f"task {task.name}: lm-eval could not load it from {where}: {type(e).__name__}: {e}"
@@ -435,12 +481,43 @@ class _Evaluator:
         return result
 
 
-def _fresh(task_dict: dict[Any, Any]) -> dict[Any, Any]:
-    """lm-eval's evaluate() stores requests and results on its task objects: a shallow copy per
-    checkpoint keeps one evaluation's instances out of the next."""
+def _fresh(task_dict: dict[Any, Any]) -> dict[str, Any]:
+    """lm-eval's task dict for one checkpoint's evaluation, in the form its evaluator reads
+    (`{"tasks": {name: Task}, "groups": {name: Group}}`, each group holding its children), of
+    shallow copies: lm-eval's evaluate() stores requests and results on its task objects, so a
+    copy per checkpoint keeps one evaluation's instances out of the next. (`get_task_dict`'s
+    nested form is read by lm-eval 0.4.13 one level deep only: MMLU, a group of groups, handed
+    its category groups to the evaluator as if they were tasks.)"""
     import copy
 
-    return {k: (_fresh(v) if isinstance(v, dict) else copy.copy(v)) for k, v in task_dict.items()}
+    tasks: dict[str, Any] = {}
+    groups: dict[str, Any] = {}
+
+    def walk(level: dict[Any, Any]) -> list[Any]:
+        children = []
+        for key, value in level.items():
+            if isinstance(value, dict):  # `key` is a group, `value` its members
+                group = copy.copy(key)
+                group._children = {}
+                # Levanter's harness seeds few-shot sampling by walking the dict and calling
+                # set_fewshot_seed on everything that is not a dict; a group samples nothing.
+                group.set_fewshot_seed = _no_fewshot_seed
+                for child in walk(value):
+                    group.add(child)
+                groups[group.name] = group
+                children.append(group)
+            else:
+                task = copy.copy(value)
+                tasks[key] = task
+                children.append(task)
+        return children
+
+    walk(task_dict)
+    return {"tasks": tasks, "groups": groups}
+
+
+def _no_fewshot_seed(seed: int | None = None) -> None:
+    """A group's `set_fewshot_seed`: its tasks are seeded themselves."""
 
 
 def summarize(

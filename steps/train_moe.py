@@ -512,6 +512,7 @@ def preview(config: TrainMoeConfig) -> dict[str, Any]:
     if config.prediction is not None:
         out["predicted eval loss"] = _predicted_text(config.prediction)
     if config.init_from is not None:
+        del out["branch"]  # the same, in words:
         trunk = str(config.init_from).rstrip("/").rsplit("/", 2)
         out["branches from"] = f"checkpoint {config.init_step} of {'/'.join(trunk[-2:])} ({config.init})"
     resumes = _resumes_from(config)

@@ -200,6 +200,10 @@ def test_branches_continue_the_trunk_exactly_diverge_with_a_new_rate_and_load_we
     # Weights alone: the model of step 20 (its loss far below step 2's), a fresh warm-up.
     assert min(weights) == 21 and weights[21]["loss"] < 0.8 * trunk[2]["loss"]
     assert weights[21]["learning_rate"] < trunk[21]["learning_rate"]
+    plan = subprocess.run(
+        [*command[:3], "plan", *command[4:6]], env=env(), cwd=ROOT, capture_output=True, text=True
+    )
+    assert "branches from:   checkpoint 10 of train/trunk-" in plan.stdout, plan.stdout[-2000:]
     (found,) = prefix.glob("train/same-*")
     summary = json.loads((found / ".step.json").read_text())["summary"]
     assert summary["branch"]["step"] == 10 and summary["branch"]["init"] == "weights+optimizer"

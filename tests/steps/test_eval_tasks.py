@@ -126,7 +126,7 @@ def test_a_task_at_two_few_shot_counts_is_two_tasks(tmp_path):
 
     tasks = check_tasks([demo_task("sums"), demo_task("sums", 2)], str(ROOT), None)
     config = TaskEvalConfig(train="t", data="d", output=str(tmp_path), tasks=tasks, data_root=str(ROOT))
-    with _local_task_files(tasks, config) as files:
+    with _local_task_files(tasks, config) as (files, _scratch):
         task_dict, chances, names = _build_tasks(tasks, files, config)
     assert sorted(task_dict) == ["sums", "sums_2shot"] and names == {
         "sums": "sums",
@@ -141,6 +141,33 @@ def test_a_task_at_two_few_shot_counts_is_two_tasks(tmp_path):
             str(ROOT),
             None,
         )
+
+
+def test_registry_tasks_keep_their_own_config_and_read_rows_from_task_data(tmp_path):
+    """A registry task is built from lm-eval's own config (its splits, templates and
+    process_docs), its rows from `<task_data>/<task>/`, at each few-shot count asked. (lm-eval
+    0.4.13 builds a new, config-less task from a dict spec: the rows then had no split to read.)"""
+    import sys
+
+    from steps.task_eval import TaskEvalConfig, _build_tasks, _local_task_files, _registry_rows
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from make_registry_task_rows import write_rows
+
+    write_rows(tmp_path / "rows")
+    tasks = check_tasks(["hellaswag:0", "hellaswag:10", "mmlu:5"], None, str(tmp_path / "rows"))
+    config = TaskEvalConfig(
+        train="t", data="d", output=str(tmp_path), tasks=tasks, task_data=str(tmp_path / "rows")
+    )
+    with _local_task_files(tasks, config) as (files, scratch), _registry_rows(config.task_data, scratch):
+        task_dict, chances, _names = _build_tasks(tasks, files, config)
+    zero, ten = task_dict["hellaswag"], task_dict["hellaswag_10shot"]
+    assert (zero.config.num_fewshot, ten.config.num_fewshot) == (0, 10)
+    doc = next(iter(ten.eval_docs))
+    assert doc["query"].startswith("Adding numbers: A student reads")  # HellaSwag's process_docs ran
+    assert ten.doc_to_choice(doc) == ["12.", "11.", "10.", "13."] and len(list(ten.eval_docs)) == 4
+    subjects = [c for c in chances if c.startswith("mmlu_")]
+    assert len(subjects) == 57 and chances["hellaswag_10shot"] == 0.25
 
 
 BAD_ROWS = [

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -204,3 +205,79 @@ def test_scores_match_log_likelihoods_computed_by_hand_from_the_model(run):
             by_hand = [loglikelihood(sample["context"], choice) for choice in sample["choices"]]
             assert by_hand == pytest.approx(sample["loglikelihoods"], abs=2e-3), sample
             assert float(np.argmax(by_hand) == sample["target"]) == sample["acc"]
+
+
+HERO_TASKS = """
+import ast, pathlib
+# The hero recipe's own task list, read from its source (importing it would plan the hero).
+tree = ast.parse(pathlib.Path({root!r}, "experiments", "moe_535b_a23b.py").read_text())
+(HERO,) = [ast.literal_eval(n.value) for n in tree.body
+           if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "BASE_MODEL_TASKS"]
+hero = task_eval_step("tasks/hero", train=train, tasks=HERO, task_data={task_data!r}, batch_size=16)
+if __name__ == "__main__":
+    executor_main([hero])
+"""
+
+
+def test_the_heros_registry_suite_runs_offline_on_rows_in_each_tasks_own_schema(run, tmp_path):
+    """Every registry task the hero recipe declares, MMLU's 57 subjects included, read from
+    hand-written rows in each task's Hub schema (scripts/make_registry_task_rows.py), with the
+    recipe's few-shot counts, through the step the recipe uses; the MMLU group aggregated."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from make_registry_task_rows import write_rows
+
+    prefix, _, _ = run
+    task_data = tmp_path / "task-data"
+    write_rows(task_data)
+    exp = tmp_path / "hero.py"
+    declarations = EXPERIMENT.split('if __name__ == "__main__":')[0].format(root=str(ROOT))
+    exp.write_text(declarations + HERO_TASKS.format(root=str(ROOT), task_data=str(task_data)))
+    result = subprocess.run(
+        command(exp, prefix), env=env(), cwd=ROOT, capture_output=True, text=True, timeout=900
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = json.loads((step_dir(prefix, "tasks/hero") / "results.json").read_text())
+    tasks = out["tasks"]
+    shots = {
+        "hellaswag_10shot": 10,
+        "arc_easy_25shot": 25,
+        "arc_challenge_25shot": 25,
+        "piqa": 0,
+        "winogrande_5shot": 5,
+        "boolq": 0,
+        "openbookqa": 0,
+        "commonsense_qa_7shot": 7,
+    }
+    for name, count in shots.items():
+        assert name in tasks, sorted(tasks)
+        assert 0 <= tasks[name]["metrics"]["acc"] <= 1 and tasks[name]["num_fewshot"] == count
+    mmlu = tasks["mmlu_5shot"]
+    assert mmlu["num_fewshot"] == 5 and mmlu["examples"] == 57 * 2  # every subject's 2 test rows
+    categories = mmlu["subtasks"]
+    assert set(categories) == {"mmlu_stem", "mmlu_other", "mmlu_social_sciences", "mmlu_humanities"}
+    assert sum(c["examples"] for c in categories.values()) == 57 * 2
+    # The group's aggregate weighs each category by its rows (weight_by_size).
+    weighted = sum(c["metrics"]["acc"] * c["examples"] for c in categories.values()) / (57 * 2)
+    assert mmlu["metrics"]["acc"] == pytest.approx(weighted)
+    assert mmlu["chance"] == pytest.approx(0.25)
+    assert tasks["hellaswag_10shot"]["chance"] == pytest.approx(0.25)
+    assert tasks["boolq"]["chance"] == pytest.approx(0.5)
+
+
+def test_a_group_member_without_rows_is_one_error_naming_it_and_its_path(tmp_path):
+    from steps.eval_tasks import check_tasks
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from make_registry_task_rows import write_rows
+
+    write_rows(tmp_path)
+    check_tasks(["mmlu:5", "hellaswag:10"], None, str(tmp_path))
+    shutil.rmtree(tmp_path / "mmlu_anatomy")
+    missing = tmp_path / "mmlu_anatomy"
+    with pytest.raises(
+        ValueError, match=f"group 'mmlu' has 57 tasks.*'mmlu_anatomy'.*no directory {missing}"
+    ):
+        check_tasks(["mmlu:5"], None, str(tmp_path))
+    shutil.rmtree(tmp_path / "piqa")
+    with pytest.raises(ValueError, match=f"piqa.*no directory {tmp_path / 'piqa'} \\(task_data\\)"):
+        check_tasks(["piqa"], None, str(tmp_path))
