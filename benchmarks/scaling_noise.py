@@ -5,8 +5,9 @@
 A prediction cannot be checked to better than the noise of the run it predicts. This trains each
 point of `experiments/scaling_sweep.py` named by `--points` (`HIDDENxSTEPS`) once per seed (the
 seed sets both the model's initialization and the data order) and evaluates it, as the sweep does,
-on the local backend one training at a time. Seed 0 is the sweep's own run, so with the sweep's
-prefix it is reused, not trained again. Prints each point's average validation loss per seed,
+on the local backend one training at a time. Seed 0 of a size's longest budget is the sweep's own
+run, so with the sweep's prefix it is reused, not trained again; a shorter budget is trained from
+scratch here (in the sweep it is a cooldown branch, the same run by construction). Prints each point's average validation loss per seed,
 their mean, sample standard deviation and range, relative to the mean. Figures only.
 """
 

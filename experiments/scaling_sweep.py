@@ -3,7 +3,9 @@
     tokenized/prose, tokenized/arithmetic   the committed demo corpus (shared with tiny_moe.py)
     mixture/scaling                         one even mix, sized for MIXTURE_STEPS steps
     train/scaling/d{H}-s{S}                 a tiny Qwen3-MoE of hidden size H trained for S steps,
-                                            for every H in SIZES and S in BUDGETS, and the TARGET
+                                            for every H in SIZES and S in BUDGETS, and the TARGET;
+                                            per size, the longest budget is trained and the
+                                            shorter ones are its cooldown branches
     evaluate/scaling/d{H}-s{S}              loss per validation set of each
     scaling/fit                             Chinchilla's law, Kaplan's law (N x D interaction) and
                                             the IsoFLOP method fitted to the grid, each checked on
@@ -16,8 +18,11 @@ predict the big one, and (here, where the big one is cheap) measure it. The targ
 the compute of the grid's largest run (2.24 times its N, at the grid's longest D). `drydock plan`
 shows the grid at once; a rerun reuses every finished point, and a grid made larger trains only
 the new points. All models share everything but their width: 2 layers, 4 experts with top-2 routing,
-expert width 2 x hidden, 4 query and 2 KV heads, AdamW at 3e-3 with cosine decay to the end of
-each run's own budget (so every D is a complete run, as Chinchilla's fits assume).
+expert width 2 x hidden, 4 query and 2 KV heads, AdamW at 3e-3 under warmup-stable-decay: 20
+warm-up steps, the peak held, a cooldown over the last fifth of each run's own budget (so every
+D is a complete run, as Chinchilla's fits assume). A run of S steps and the longest run are the
+same run until S's cooldown begins, so S is a branch of the longest run from its checkpoint
+there (`train_moe_step(init_from=...)`): it costs only its cooldown.
 
 One mixture serves every budget: its weights do not change with the step, and Levanter's stream
 depends on the data seed, not on the run's length, so a run of S steps reads the first S batches
@@ -26,14 +31,16 @@ of a longer run's stream, and budgets differ only in length.
 
 On the local backend, trainings run one at a time unless `--max_concurrent` says otherwise: they
 share the process, and Levanter's tracker is global to it (on Ray each gets its own process).
-About 22 minutes on a 2-core CPU (docs/scaling.md has the figures and why the grid is laid out so).
+About 12 minutes on a 2-core CPU (docs/scaling.md has the figures and why the grid is laid out so).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from pipeline import Resources, Step, StepDeclarationError, executor_main
 from pipeline.run.options import parse_options
@@ -60,7 +67,20 @@ MIXTURE_STEPS = 1000
 """Steps the one mixture is sized for, and so the longest run: at 8 x 128 tokens a step, 1,000 steps
 read the prose component 2.8 times (max_epochs=3). Fixed rather than taken from the grid, so that
 adding points keeps the mixture's identity, and with it every finished training."""
-OPTIMIZER = OptimizerSpec(name="adamw", learning_rate=3e-3, warmup=0.05)
+WARMUP_STEPS = 20
+"""Warm-up, in steps: the same for every run, so every budget's schedule is the same up to its cooldown."""
+COOLDOWN = 0.2
+"""The last fifth of every run decays the rate (warmup-stable-decay)."""
+
+
+def sweep_optimizer(warmup_steps: int = WARMUP_STEPS, cooldown: float = COOLDOWN) -> OptimizerSpec:
+    """AdamW at 3e-3, warmed up over `warmup_steps`, held, and decayed over the last `cooldown`."""
+    return OptimizerSpec(name="adamw", learning_rate=3e-3, warmup=warmup_steps, decay=cooldown)
+
+
+def branch_point(steps: int, cooldown: float) -> int:
+    """Where a run of `steps` starts its cooldown (Levanter decays over int(cooldown x steps))."""
+    return steps - int(cooldown * steps)
 
 
 def tiny_model(hidden_dim: int) -> MoeModelConfig:
@@ -76,17 +96,37 @@ def build(
     batch_size: int = BATCH_SIZE,
     seq_len: int = SEQ_LEN,
     mixture_steps: int = MIXTURE_STEPS,
+    warmup_steps: int = WARMUP_STEPS,
+    cooldown: float = COOLDOWN,
 ) -> list[Step]:
     """The sweep's final step (the fit); every training and evaluation hangs off it.
 
-    Raises `StepDeclarationError` naming the training step if a run is longer than the mixture.
+    Per size, one run of the longest budget is trained (its own cooldown at its end), and every
+    shorter budget is a cooldown branch of it: it starts from the long run's checkpoint where its
+    own cooldown begins, which the long run reaches with the same weights, optimizer state and
+    data as a run of that budget from scratch would (same warm-up, then the same constant rate),
+    so it is that run, for the price of its cooldown. Raises `StepDeclarationError` naming the
+    training step if a run is longer than the mixture.
     """
     mixture = sweep_mixture(batch_size=batch_size, seq_len=seq_len, mixture_steps=mixture_steps)
+    spec = sweep_optimizer(warmup_steps, cooldown)
+    longest = max(budgets)
+    shorter = sorted(b for b in budgets if b != longest)
+    starts = [branch_point(b, cooldown) for b in shorter]
+    interval = math.gcd(*starts) if starts else longest
 
-    def run(hidden_dim: int, steps: int) -> tuple[Step, Step]:
-        return sweep_run(mixture, hidden_dim, steps, batch_size=batch_size, seq_len=seq_len)
+    def run(hidden_dim: int, steps: int, **branch: Any) -> tuple[Step, Step]:
+        return sweep_run(
+            mixture, hidden_dim, steps, batch_size=batch_size, seq_len=seq_len, optimizer=spec, **branch
+        )
 
-    points = [scaling_point(*run(h, s)) for h in sizes for s in budgets]
+    points = []
+    for h in sizes:
+        stable = run(h, longest, checkpoint_interval=interval)
+        runs = {longest: stable}
+        for budget in shorter:
+            runs[budget] = run(h, budget, init_from=stable[0], init_step=branch_point(budget, cooldown))
+        points.extend(scaling_point(*runs[budget]) for budget in sorted(runs))
     fit = scaling_fit_step("scaling/fit", points=points, target=scaling_point(*run(*target)))
     return [fit]
 
@@ -125,26 +165,34 @@ def sweep_run(
     seed: int = 0,
     batch_size: int = BATCH_SIZE,
     seq_len: int = SEQ_LEN,
+    optimizer: OptimizerSpec | None = None,
+    checkpoint_interval: int | None = None,
+    init_from: Step | None = None,
+    init_step: int | None = None,
 ) -> tuple[Step, Step]:
     """One point of the sweep: the training of width `hidden_dim` for `steps` steps and its
     evaluation. Seed 0 is the sweep's; another seed (model init and data order) is another step,
-    `d{H}-s{S}-seed{K}` (benchmarks/scaling_noise.py measures the spread)."""
+    `d{H}-s{S}-seed{K}` (benchmarks/scaling_noise.py measures the spread). `init_from` and
+    `init_step` make it a cooldown branch of a longer run; `checkpoint_interval` keeps the
+    checkpoints branches start from (else only the final one)."""
     label = f"d{hidden_dim}-s{steps}" + (f"-seed{seed}" if seed else "")
+    branch = {} if init_from is None else {"init_from": init_from, "init_step": init_step}
     # A budget longer than the mixture is refused by train_moe_step, naming this step.
     train = train_moe_step(
         f"train/scaling/{label}",
         data=mixture,
         model=tiny_model(hidden_dim),
-        optimizer=OPTIMIZER,
+        optimizer=optimizer or sweep_optimizer(),
         batch_size=batch_size,
         seq_len=seq_len,
         num_steps=steps,
         seed=seed,
-        checkpoint_interval=steps,  # only the final checkpoint: evaluate reads nothing else
+        checkpoint_interval=checkpoint_interval or steps,  # evaluate reads only the final one
         eval_interval=10**9,  # evaluate/scaling/* scores the final model on every validation set
         router_stats_interval=0,
         hf_export=False,
         resources=Resources(cpus=1),
+        **branch,
     )
     evaluation = evaluate_step(
         f"evaluate/scaling/{label}", train=train, data=mixture, seq_len=seq_len, batch_size=batch_size

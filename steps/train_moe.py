@@ -181,6 +181,8 @@ class TrainMoeConfig:
     (`output_of(trunk, blocking=False)`: the branch waits for that checkpoint, not the trunk's end)."""
     init_step: int | None = None
     """A branch: the trunk's checkpoint it starts from (versioned when set)."""
+    init_name: str | None = None
+    """A branch: the trunk's step name, for the plan (not versioned)."""
     init: str | None = None
     """A branch: what it takes from the checkpoint (versioned when set). "weights+optimizer": the
     whole training state, so it continues the trunk exactly (step count, optimizer moments and
@@ -291,6 +293,7 @@ def train_moe_step(
                     init_from=output_of(init_from, blocking=False),
                     init_step=versioned(init_step),
                     init=versioned(init),
+                    init_name=init_from.name,
                 )
                 if init_from is not None
                 else {}
@@ -513,8 +516,8 @@ def preview(config: TrainMoeConfig) -> dict[str, Any]:
         out["predicted eval loss"] = _predicted_text(config.prediction)
     if config.init_from is not None:
         del out["branch"]  # the same, in words:
-        trunk = str(config.init_from).rstrip("/").rsplit("/", 2)
-        out["branches from"] = f"checkpoint {config.init_step} of {'/'.join(trunk[-2:])} ({config.init})"
+        trunk = config.init_name or str(config.init_from)
+        out["branches from"] = f"checkpoint {config.init_step} of {trunk} ({config.init})"
     resumes = _resumes_from(config)
     if resumes is not None:
         out["resumes from"] = f"step {resumes} (its newest checkpoint)"

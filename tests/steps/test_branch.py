@@ -203,7 +203,8 @@ def test_branches_continue_the_trunk_exactly_diverge_with_a_new_rate_and_load_we
     plan = subprocess.run(
         [*command[:3], "plan", *command[4:6]], env=env(), cwd=ROOT, capture_output=True, text=True
     )
-    assert "branches from:   checkpoint 10 of train/trunk-" in plan.stdout, plan.stdout[-2000:]
+    shown = "branches from:   checkpoint 10 of train/trunk (weights+optimizer)"
+    assert shown in plan.stdout, plan.stdout[-2000:]
     (found,) = prefix.glob("train/same-*")
     summary = json.loads((found / ".step.json").read_text())["summary"]
     assert summary["branch"]["step"] == 10 and summary["branch"]["init"] == "weights+optimizer"
