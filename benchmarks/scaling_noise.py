@@ -7,8 +7,9 @@ point of `experiments/scaling_sweep.py` named by `--points` (`HIDDENxSTEPS`) onc
 seed sets both the model's initialization and the data order) and evaluates it, as the sweep does,
 on the local backend one training at a time. Seed 0 of a size's longest budget is the sweep's own
 run, so with the sweep's prefix it is reused, not trained again; a shorter budget is trained from
-scratch here (in the sweep it is a cooldown branch, the same run by construction). Prints each point's average validation loss per seed,
-their mean, sample standard deviation and range, relative to the mean. Figures only.
+scratch here (in the sweep it is a cooldown branch, the same run by construction). Prints each
+point's average validation loss per seed, their mean, sample standard deviation and range,
+relative to the mean. Figures only.
 """
 
 from __future__ import annotations
