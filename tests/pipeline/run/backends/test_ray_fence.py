@@ -60,6 +60,12 @@ def _wait_for(what: str, found, timeout: float = 300):
     raise TimeoutError(f"no {what} within {timeout}s")
 
 
+def _state(pid: int) -> str:
+    """The process's state letter from /proc (`T`: stopped by a signal)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
 def _finish(proc: subprocess.Popen, tmp_path: Path, name: str) -> None:
     try:
         code = proc.wait(300)
@@ -81,6 +87,9 @@ def test_a_frozen_drivers_ray_worker_writes_nothing_after_the_lease_expires(tmp_
     try:
         first = _wait_for("tick from runner A", lambda: next(prefix.rglob("tick-*"), None))
         paused.send_signal(signal.SIGSTOP)
+        # The signal is delivered asynchronously: until the kernel shows A stopped, its heartbeat
+        # may still renew the lease (a busy CI machine once read the expiry before a last renewal).
+        _wait_for("runner A stopped", lambda: _state(paused.pid) == "T", timeout=30)
         step_dir = first.parent
         lease = StepStore(LocalStorage()).lease(str(step_dir))
         assert lease is not None and not lease.released
