@@ -70,6 +70,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from pipeline import Resources, Step, executor_main
 from steps.decontaminate import decontaminate_step
@@ -211,60 +213,92 @@ LADDER_STEPS = (1_000, 2_000, 4_000)
 first phase only (it switches at step 108,000)."""
 
 
-def ladder_model(hidden_dim: int, num_layers: int) -> MoeModelConfig:
-    """The hero's model at width `hidden_dim` and depth `num_layers`: the same 384 routed experts
-    with top-8 routing and 2 shared experts, heads of 128 with 4 query heads per local KV head and
-    8 per global one, the same window and block of three local layers and a global one, expert
-    widths in the hero's proportions to the hidden size (a quarter, and about a half for the shared
-    ones), QK norm, RoPE, balancing bias and vocabulary."""
-    heads = hidden_dim // 128
+def ladder_model(hidden_dim: int, num_layers: int, base: MoeModelConfig = model) -> MoeModelConfig:
+    """`base` (the hero's model) at width `hidden_dim` and depth `num_layers`: the same routed
+    experts and top-k routing, the same shared experts, heads of base's width with 4 query heads per
+    local KV head and 8 per global one (at least one of each), the same window and block of local
+    layers and a global one, expert widths in the hero's proportions to the hidden size (a quarter,
+    and about a half for the shared ones), QK norm, RoPE, balancing bias and vocabulary."""
+    heads = hidden_dim // base.actual_head_dim
     return dataclasses.replace(
-        model,
+        base,
         hidden_dim=hidden_dim,
         num_layers=num_layers,
         num_heads=heads,
-        num_kv_heads=heads // 4,
+        num_kv_heads=max(1, heads // 4),
         num_global_kv_heads=max(1, heads // 8),
         expert_intermediate_dim=hidden_dim // 4,
         shared_expert_intermediate_dim=hidden_dim // 2,
     )
 
 
-def ladder_point(hidden_dim: int, num_layers: int, steps: int) -> ScalingPoint:
-    """One rung: a training on the hero's gang, mixture, batch and schedule shape, and its evaluation."""
-    label = f"d{hidden_dim}-s{steps}"
-    rung = train_moe_step(
-        f"train/535b-ladder/{label}",
-        data=mixture,
-        model=ladder_model(hidden_dim, num_layers),
-        optimizer=OPTIMIZER,
-        stability=Stability(z_loss=1e-4),
-        batch_size=BATCH_SIZE,
-        seq_len=SEQ_LEN,
-        num_steps=steps,
-        vocab_size=VOCAB_SIZE,
-        checkpoint_interval=steps,  # the final checkpoint, for its evaluation
-        eval_interval=steps,
-        hf_export=False,
-        mesh=LAYOUT,
-        precision="bf16",
-        resources=GANG,
+def ladder(
+    name: str,
+    target: MoeModelConfig,
+    target_tokens: int,
+    *,
+    target_label: str,
+    data: Step,
+    sizes: Sequence[tuple[int, int]],
+    steps: Sequence[int],
+    batch_size: int,
+    seq_len: int,
+    optimizer: OptimizerSpec,
+    train_options: Mapping[str, Any],
+    eval_options: Mapping[str, Any],
+) -> Step:
+    """The scaling fit of a ladder: `target`'s architecture at every (hidden, layers) in `sizes`,
+    each trained for every budget in `steps` on `data` and evaluated, the fit predicting `target`
+    at `target_tokens` (its point labelled `target_label`). Rungs are `train/<name>/d{H}-s{S}`
+    and `evaluate/<name>/d{H}-s{S}`; every rung's training gets `train_options`, its evaluation
+    `eval_options`."""
+
+    def point(hidden_dim: int, num_layers: int, num_steps: int) -> ScalingPoint:
+        label = f"d{hidden_dim}-s{num_steps}"
+        rung = train_moe_step(
+            f"train/{name}/{label}",
+            data=data,
+            model=ladder_model(hidden_dim, num_layers, target),
+            optimizer=optimizer,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            num_steps=num_steps,
+            checkpoint_interval=num_steps,  # the final checkpoint, for its evaluation
+            eval_interval=num_steps,
+            hf_export=False,
+            **train_options,
+        )
+        scored = evaluate_step(
+            f"evaluate/{name}/{label}", train=rung, data=data, seq_len=seq_len, **eval_options
+        )
+        return scaling_point(rung, scored, label=label)
+
+    return scaling_fit_step(
+        f"scaling/{name}",
+        points=[point(h, layers, s) for h, layers in sizes for s in steps],
+        target=ScalingPoint(label=target_label, model=target, tokens=target_tokens),
     )
-    scored = evaluate_step(
-        f"evaluate/535b-ladder/{label}",
-        train=rung,
-        data=mixture,
-        seq_len=SEQ_LEN,
-        batch_size=512,
-        resources=Resources(tpu="v5p-256"),
-    )
-    return scaling_point(rung, scored, label=label)
 
 
-ladder = scaling_fit_step(
-    "scaling/535b-ladder",
-    points=[ladder_point(h, layers, s) for h, layers in LADDER_SIZES for s in LADDER_STEPS],
-    target=ScalingPoint(label="moe-535b-a23b", model=model, tokens=TRAIN_TOKENS),
+ladder_fit = ladder(
+    "535b-ladder",
+    model,
+    TRAIN_TOKENS,
+    target_label="moe-535b-a23b",
+    data=mixture,
+    sizes=LADDER_SIZES,
+    steps=LADDER_STEPS,
+    batch_size=BATCH_SIZE,
+    seq_len=SEQ_LEN,
+    optimizer=OPTIMIZER,
+    train_options={
+        "stability": Stability(z_loss=1e-4),
+        "vocab_size": VOCAB_SIZE,
+        "mesh": LAYOUT,
+        "precision": "bf16",
+        "resources": GANG,
+    },
+    eval_options={"batch_size": 512, "resources": Resources(tpu="v5p-256")},
 )
 
 train = train_moe_step(
@@ -284,7 +318,7 @@ train = train_moe_step(
     precision="bf16",
     resources=GANG,
     # Waits for the ladder's fit; outside the training's identity (refitting never reruns it).
-    prediction=predicted_by(ladder),
+    prediction=predicted_by(ladder_fit),
 )
 
 evaluation = evaluate_step(
@@ -295,6 +329,65 @@ evaluation = evaluate_step(
     batch_size=512,
     resources=Resources(tpu="v5p-256"),
 )
+
+# -- the same ladder and training, scaled down to run on a CPU -------------------------------------
+
+
+def scaled_down(
+    data: Step,
+    *,
+    batch_size: int = 4,
+    seq_len: int = 64,
+    sizes: Sequence[tuple[int, int]] = ((16, 4), (24, 4), (32, 4)),
+    steps: Sequence[int] = (12, 24),
+    target: tuple[int, int, int] = (48, 4, 48),
+) -> list[Step]:
+    """The hero's ladder and training at toy scale on `data` (the demo corpus in the tests): the
+    same code declares the rungs (`ladder`, `ladder_model`), the fit and a training fed its predicted
+    curve, in the hero's architecture with what a CPU can hold changed: heads of 8, 8 routed experts
+    with top-2 (2 shared), a window of 16 tokens, one block of three local layers and a global one.
+    `target` is (hidden, layers, steps) of the tiny "hero"; the optimizer is the hero's (linear decay
+    to 0.05 of the peak) at a toy model's rate. Returns the tiny hero's evaluation (every other
+    step hangs off it)."""
+    base = dataclasses.replace(
+        model, head_dim=8, num_experts=8, num_experts_per_token=2, sliding_window=16, rope_theta=10_000.0
+    )
+    hidden, layers, num_steps = target
+    tiny = ladder_model(hidden, layers, base)
+    optimizer = dataclasses.replace(OPTIMIZER, learning_rate=3e-3, warmup=0.1)
+    options: dict[str, Any] = {"stability": Stability(z_loss=1e-4), "resources": Resources(cpus=1)}
+    fit = ladder(
+        "tiny-ladder",
+        tiny,
+        num_steps * batch_size * seq_len,
+        target_label="tiny-hero",
+        data=data,
+        sizes=sizes,
+        steps=steps,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        optimizer=optimizer,
+        train_options=options,
+        eval_options={"batch_size": batch_size},
+    )
+    hero = train_moe_step(
+        "train/tiny-hero",
+        data=data,
+        model=tiny,
+        optimizer=optimizer,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        num_steps=num_steps,
+        checkpoint_interval=num_steps,
+        eval_interval=max(1, num_steps // 4),  # four evaluations placed on the predicted curve
+        hf_export=False,
+        prediction=predicted_by(fit),
+        **options,
+    )
+    return [
+        evaluate_step("evaluate/tiny-hero", train=hero, data=data, seq_len=seq_len, batch_size=batch_size)
+    ]
+
 
 # The standard base-model evaluations, "name:shots" (lm-eval registry names).
 BASE_MODEL_TASKS = [

@@ -98,6 +98,7 @@ def build(
     mixture_steps: int = MIXTURE_STEPS,
     warmup_steps: int = WARMUP_STEPS,
     cooldown: float = COOLDOWN,
+    max_epochs: float = 3,
 ) -> list[Step]:
     """The sweep's final step (the fit); every training and evaluation hangs off it.
 
@@ -108,7 +109,9 @@ def build(
     so it is that run, for the price of its cooldown. Raises `StepDeclarationError` naming the
     training step if a run is longer than the mixture.
     """
-    mixture = sweep_mixture(batch_size=batch_size, seq_len=seq_len, mixture_steps=mixture_steps)
+    mixture = sweep_mixture(
+        batch_size=batch_size, seq_len=seq_len, mixture_steps=mixture_steps, max_epochs=max_epochs
+    )
     spec = sweep_optimizer(warmup_steps, cooldown)
     longest = max(budgets)
     shorter = sorted(b for b in budgets if b != longest)
@@ -132,9 +135,14 @@ def build(
 
 
 def sweep_mixture(
-    *, batch_size: int = BATCH_SIZE, seq_len: int = SEQ_LEN, mixture_steps: int = MIXTURE_STEPS
+    *,
+    batch_size: int = BATCH_SIZE,
+    seq_len: int = SEQ_LEN,
+    mixture_steps: int = MIXTURE_STEPS,
+    max_epochs: float = 3,
 ) -> Step:
-    """The one even mixture of the demo corpus that every run of the sweep reads."""
+    """The one even mixture of the demo corpus that every run of the sweep reads (no component
+    read more than `max_epochs` times)."""
     corpus = {
         domain: tokenize_step(
             f"tokenized/{domain}",
@@ -153,7 +161,7 @@ def sweep_mixture(
         batch_size=batch_size,
         seq_len=seq_len,
         validation=["prose", "arithmetic"],
-        max_epochs=3,
+        max_epochs=max_epochs,
     )
 
 

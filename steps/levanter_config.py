@@ -140,6 +140,7 @@ def levanter_train_config(
             spike_policy=json.dumps(dataclasses.asdict(config.spike_policy)),
             summary_path=os.path.join(out, "summary.json"),
             prediction=prediction,
+            branch=None if config.init_from is None else json.dumps(_branch_event(config)),
         )
     ]
     if config.wandb_project:
@@ -213,3 +214,10 @@ def levanter_train_config(
         hf_save_steps=config.num_steps,
         data_seed=config.seed,
     )
+
+
+def _branch_event(config: Any) -> dict[str, Any]:
+    """The `branch` line a branch's metrics start with: which trunk, from which step."""
+    from pipeline.observe.metrics import branch_event
+
+    return branch_event(str(config.init_from), config.init_step, name=config.init_name, init=config.init)

@@ -137,6 +137,7 @@ class JsonlTracker(Tracker):
         policy: SpikePolicy | None = None,
         summary_path: str | None = None,
         prediction: Curve | None = None,
+        branch: Mapping[str, Any] | None = None,
     ) -> None:
         local = local_path(path)
         if local is None:
@@ -158,6 +159,11 @@ class JsonlTracker(Tracker):
         # For the live figures in `.progress`: the counters so far (a resumed attempt starts from
         # the events its file kept), the recent step rate, the latest throughput.
         self._events = read_events(local) if self._fs.exists(local) else []
+        if branch is not None and not any(e.get("event") == "branch" for e in self._events):
+            # A branch's metrics say where they leave the trunk's (readers draw it from there);
+            # written once, by the first attempt (a resume keeps the line: its step is the earliest).
+            self._append(dict(branch))
+            self._events.append(dict(branch))
         self._recent: deque[tuple[int, float]] = deque(maxlen=RATE_WINDOW)
         self._latest: dict[str, float] = {}
         # The predicted eval loss: a resumed attempt catches up on the evaluations already made.
@@ -490,13 +496,17 @@ class JsonlTrackerConfig(TrackerConfig):
     """Where Levanter's run summary goes (a path or URL); None: `summary.json` beside `path`."""
     prediction: str | None = None
     """The predicted eval loss (`steps.prediction.Curve` as JSON); None: no prediction."""
+    branch: str | None = None
+    """A branch's `branch` event line as JSON (`pipeline.observe.metrics.branch_event`); None: no
+    branch."""
 
     def init(self, run_id: str | None) -> Tracker:
         if jax.process_index() != 0:
             return GangTracker()
         policy = SpikePolicy(**json.loads(self.spike_policy)) if self.spike_policy else None
         curve = Curve.from_json(json.loads(self.prediction)) if self.prediction else None
-        return JsonlTracker(self.path, policy, self.summary_path, curve)
+        branch = json.loads(self.branch) if self.branch else None
+        return JsonlTracker(self.path, policy, self.summary_path, curve, branch)
 
 
 # -- the Mixtral fix ----------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core.records import Event, StepRecord, last_state
-from pipeline.observe.metrics import parse_metrics, read_metrics_data
+from pipeline.observe.metrics import branch_of, parse_events, parse_metrics, read_metrics_data
 from pipeline.storage.files import map_reads
 from pipeline.storage.step_store import StepStore
 
@@ -261,33 +261,50 @@ def group_of(row: Row, params: Sequence[str]) -> str:
 
 
 def loss_curves(store: StepStore, rows: Sequence[Row]) -> list[dict[str, Any]]:
-    """Each row step's training and eval loss per step from its metrics (if it has any)."""
+    """Each row step's training and eval loss per step from its metrics (if it has any).
+
+    A branch (its metrics start with a `branch` line) is drawn from where it left its trunk: its
+    curves begin with the trunk's values at the branch step, and `branch` names the trunk and step.
+    """
     curves = []
-    storage = store.storage
     params = differing_params(rows)
     for row in rows:
-        data = read_metrics_data(
-            row.output_path,
-            storage.read,
-            storage.listdir,
-            read_all=lambda paths: map_reads(storage, storage.read, paths, minimum=8),
-        )
-        if data is None:
+        lines = _metrics_lines(store, row.output_path)
+        if lines is None:
             continue
-        records = parse_metrics(data.splitlines())
+        records = parse_metrics(lines)
         train = [[r["step"], _number(r.get("loss"))] for r in records if "loss" in r]
         evals = [[r["step"], _number(r.get("eval/loss"))] for r in records if "eval/loss" in r]
-        curves.append(
-            {
-                "run": row.run,
-                "step": row.name,
-                "label": row.label,
-                "group": group_of(row, params),
-                "train": train,
-                "eval": evals,
-            }
-        )
+        curve: dict[str, Any] = {
+            "run": row.run,
+            "step": row.name,
+            "label": row.label,
+            "group": group_of(row, params),
+            "train": train,
+            "eval": evals,
+        }
+        branch = branch_of(parse_events(lines))
+        if branch is not None:
+            curve["branch"] = {"trunk": branch.get("name") or branch["trunk"], "step": branch["step"]}
+            trunk = _metrics_lines(store, branch["trunk"])
+            at = [r for r in parse_metrics(trunk or []) if r["step"] == branch["step"]]
+            for key, series in (("loss", train), ("eval/loss", evals)):
+                if at and key in at[0] and (not series or series[0][0] > branch["step"]):
+                    series.insert(0, [branch["step"], _number(at[0][key])])
+        curves.append(curve)
     return curves
+
+
+def _metrics_lines(store: StepStore, output_path: str) -> list[bytes] | None:
+    """The lines of the metrics under `output_path`, or None if it has none."""
+    storage = store.storage
+    data = read_metrics_data(
+        output_path,
+        storage.read,
+        storage.listdir,
+        read_all=lambda paths: map_reads(storage, storage.read, paths, minimum=8),
+    )
+    return None if data is None else data.splitlines()
 
 
 def checkpoint_curves(

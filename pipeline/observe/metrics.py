@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 __all__ = [
@@ -30,6 +30,8 @@ __all__ = [
     "EVENT_KINDS",
     "METRICS_DIR",
     "METRICS_FILE",
+    "branch_event",
+    "branch_of",
     "metrics_files",
     "parse_events",
     "parse_metrics",
@@ -167,8 +169,27 @@ def parse_metrics(lines: Iterable[str | bytes], *, up_to: int | None = None) -> 
     return out
 
 
-EVENT_KINDS = ("spike", "nan", "inf", "skipped_update", "rewind")
+EVENT_KINDS = ("spike", "nan", "inf", "skipped_update", "rewind", "off_prediction", "branch")
 """The events a training step records in metrics.jsonl."""
+
+
+def branch_event(
+    trunk: str, step: int, *, name: str | None = None, init: str | None = None
+) -> dict[str, Any]:
+    """The line a branch's metrics start with: it continues the metrics at `trunk` (an output
+    path) from their `step`. Readers draw the branch from the trunk's point at `step` (where it
+    left it), so its line forks from the trunk's instead of starting in the air."""
+    shown = name or trunk
+    message = f"branched from checkpoint {step} of {shown}" + (f" ({init})" if init else "")
+    return {"event": "branch", "step": step, "trunk": trunk, "name": shown, "init": init, "message": message}
+
+
+def branch_of(events: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The `branch` event among a step's events (see `branch_event`), or None if it is no branch."""
+    for event in events:
+        if event.get("event") == "branch" and isinstance(event.get("trunk"), str):
+            return dict(event)
+    return None
 
 
 def parse_events(lines: Iterable[str | bytes]) -> list[dict[str, Any]]:

@@ -147,3 +147,79 @@ def test_the_plan_shows_the_predicted_final_loss_once_the_ladder_is_fitted(tmp_p
         f"predicted eval loss: {fit['predicted_loss']:.4f}, 90% interval [{fit['interval']['low']:.4f}, "
         f"{fit['interval']['high']:.4f}] at the end ({fit['method']} fit of scaling/535b-ladder)"
     ) in result.stdout
+
+
+SCALED_DOWN = """
+from experiments.moe_535b_a23b import scaled_down
+from experiments.scaling_sweep import sweep_mixture
+from pipeline import executor_main
+
+if __name__ == "__main__":
+    executor_main(scaled_down(sweep_mixture(batch_size=4, seq_len=64, mixture_steps=48)))
+"""
+
+
+@pytest.mark.slow
+def test_the_ladder_scaled_down_trains_fits_and_watches_its_training(tmp_path):
+    """The hero's own ladder code at toy scale on the demo corpus (`scaled_down`): three widths x two
+    budgets of the hero's architecture trained and evaluated, the fit, and a tiny "hero" trained
+    against the fit's predicted curve. Every evaluation of that training is placed on the curve, and
+    `patience` of them in a row outside its interval are one warning, as the hero's would be. (At
+    12-48 steps a ladder measures start-up more than size, so how close the toy prediction lands is
+    not the point here: tests/experiments/test_scaling_sweep.py bounds a sweep's error.)"""
+    from pipeline.observe.metrics import parse_events
+    from steps.training_hooks import read_metrics
+
+    experiment = tmp_path / "tiny_hero.py"
+    experiment.write_text(SCALED_DOWN)
+    prefix = tmp_path / "runs"
+    # Seven tiny trainings spend most of their time compiling: XLA's cheapest compile is plenty here.
+    flags = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled", "XLA_FLAGS": flags}
+    command = [sys.executable, "-m", "pipeline", "run", str(experiment), "--prefix", str(prefix)]
+    result = subprocess.run(
+        [*command, "--backend", "local", "--max_concurrent", "1"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+
+    (rung,) = prefix.glob("train/tiny-ladder/d16-s12-*")
+    model = json.loads((rung / ".step.json").read_text())["config"]["model"]
+    model = model.get("value", model)
+    assert (model["family"], model["num_shared_experts"], model["global_every"]) == ("drydock_moe", 2, 4)
+    # A field added after identities were made is written only when it differs from its default
+    # (pipeline.added_field): the hero's `bias` balancing is that default.
+    assert (model.get("balancing", "bias"), model["sliding_window"], model["num_layers"]) == ("bias", 16, 4)
+    (fit_dir,) = prefix.glob("scaling/tiny-ladder-*")
+    fit = json.loads((fit_dir / "fit.json").read_text())
+    assert sorted(p["label"] for p in fit["points"]) == [f"d{h}-s{s}" for h in (16, 24, 32) for s in (12, 24)]
+    target = fit["target"]
+    assert target["label"] == "tiny-hero" and target["tokens"] == 48 * 4 * 64
+
+    (train,) = prefix.glob("train/tiny-hero-*")
+    curve = json.loads((train / "prediction.json").read_text())
+    assert curve["source"] == f"{target['method']} fit of scaling/tiny-ladder"
+    final = curve["final"]
+    assert final["step"] == 48 and final["loss"] == pytest.approx(target["predicted_loss"])
+    assert (final["low"], final["high"]) == pytest.approx(
+        (target["interval"]["low"], target["interval"]["high"])
+    )
+    on_curve = {step: (loss, low, high) for step, loss, low, high in curve["points"]}
+    records = read_metrics(str(train / "metrics.jsonl"))
+    evaluations = [r for r in records if "eval/loss" in r]
+    # every `eval_interval` steps, and once more after the last step (Levanter counts it as 47)
+    assert [r["step"] for r in evaluations] == [12, 24, 36, 47]
+    warned, outside = [], 0
+    for record in evaluations:
+        _loss, low, high = on_curve[record["step"]]  # each evaluation's step is on the curve
+        outside = outside + 1 if not low <= record["eval/loss"] <= high else 0
+        if outside == curve["patience"]:
+            warned.append(record["step"])
+    events = parse_events((train / "metrics.jsonl").read_text().splitlines())
+    assert [e["step"] for e in events if e["event"] == "off_prediction"] == warned
+    status = (train / ".status").read_text()
+    assert ('"event": "WARNING"' in status) == bool(warned)

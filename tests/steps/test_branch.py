@@ -14,6 +14,7 @@ import pytest
 from pipeline import Step, StepDeclarationError, this_output
 from pipeline.core.dag import build_dag
 from steps.follow import wait_for_checkpoint
+from steps.metrics import read_events
 from steps.moe import TINY_MOE
 from steps.train_moe import OptimizerSpec, train_moe_step
 from steps.training_hooks import read_metrics, shift_schedule
@@ -206,5 +207,9 @@ def test_branches_continue_the_trunk_exactly_diverge_with_a_new_rate_and_load_we
     shown = "branches from:   checkpoint 10 of train/trunk (weights+optimizer)"
     assert shown in plan.stdout, plan.stdout[-2000:]
     (found,) = prefix.glob("train/same-*")
+    # Its metrics say where they leave the trunk's (compare draws the branch from there).
+    (event,) = [e for e in read_events(str(found / "metrics.jsonl")) if e["event"] == "branch"]
+    (trunk_dir,) = prefix.glob("train/trunk-*")
+    assert (event["step"], event["name"], event["trunk"]) == (10, "train/trunk", str(trunk_dir))
     summary = json.loads((found / ".step.json").read_text())["summary"]
     assert summary["branches from"] == shown.split(":", 1)[1].strip(), "the record names its trunk"

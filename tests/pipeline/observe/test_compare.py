@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import shutil
 from pathlib import Path
 
@@ -161,3 +162,47 @@ def test_the_best_row_is_the_lowest_loss_or_the_highest_score_and_a_tie_has_none
     tied = [row("c", 1e-2, **{"train/loss": 1.5}), row("d", 1e-1, **{"train/loss": 1.5})]
     assert best_row(tied) is None and best_row(rows[:1]) is None
     assert group_of(rows[1], ["optimizer.learning_rate"]) == "learning_rate=0.003"
+
+
+def test_a_branch_is_drawn_from_where_it_left_its_trunk(tmp_path):
+    """A branch's metrics start with a `branch` line (train_moe writes it): its curves begin at
+    the trunk's values at the branch step, so the line forks from the trunk's."""
+    from pipeline.observe.compare import Row
+    from pipeline.observe.metrics import branch_event
+
+    trunk, branch = tmp_path / "train" / "trunk-1", tmp_path / "train" / "cool-2"
+    trunk.mkdir(parents=True)
+    branch.mkdir(parents=True)
+    lines = [{"step": s, "loss": 5.0 - 0.1 * s} for s in range(1, 21)] + [{"step": 10, "eval/loss": 4.2}]
+    (trunk / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    forked = [branch_event(str(trunk), 10, name="train/trunk", init="weights+optimizer")]
+    forked += [{"step": s, "loss": 4.0 - 0.2 * (s - 10)} for s in range(11, 16)]
+    (branch / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in forked))
+    rows = [
+        Row("run", "train/trunk-1", "train/trunk", str(trunk)),
+        Row("run", "train/cool-2", "train/cool", str(branch)),
+    ]
+    store = StepStore(open_storage(str(tmp_path)))
+    plain, drawn = loss_curves(store, rows)
+    assert "branch" not in plain and plain["train"][0] == [1, 4.9]
+    assert drawn["branch"] == {"trunk": "train/trunk", "step": 10}
+    assert drawn["train"][:2] == [
+        [10, pytest.approx(4.0)],
+        [11, pytest.approx(3.8)],
+    ]  # the trunk's step 10, then its own
+    assert drawn["eval"] == [[10, 4.2]]
+    # The run page lists it among the step's events, where it branched.
+    from pipeline.observe.dashboard.data import read_metrics
+
+    chart = read_metrics(open_storage(str(tmp_path)), str(branch))
+    assert [(e["event"], e["step"], e["message"]) for e in chart.events] == [
+        ("branch", 10, "branched from checkpoint 10 of train/trunk (weights+optimizer)")
+    ]
+    # A trunk gone (collected, or another prefix): the branch is drawn from its own first step.
+    shutil.rmtree(trunk)
+    (alone,) = loss_curves(store, rows[1:])
+    assert (
+        alone["branch"]["step"] == 10
+        and alone["train"][0] == [11, pytest.approx(3.8)]
+        and alone["eval"] == []
+    )
