@@ -167,6 +167,16 @@ def test_a_field_added_later_leaves_identities_made_before_it_alone() -> None:
     assert set_.versioned != before.versioned
 
 
+def test_a_field_added_later_and_versioned_one_by_one_holds_its_default_too() -> None:
+    """A step factory that versions each field (`window=versioned(None)`) keeps the identities
+    made before the field existed while it passes the default."""
+    before = collect_refs("s", Source(path=versioned("p"), weight=versioned(2.0)))
+    same = collect_refs("s", SourceLater(path=versioned("p"), weight=versioned(2.0), window=versioned(None)))
+    assert same.versioned == before.versioned == {"path": "p", "weight": 2}
+    other = collect_refs("s", SourceLater(path=versioned("p"), weight=versioned(2.0), window=versioned(4)))
+    assert other.versioned == {"path": "p", "weight": 2, "window": 4}
+
+
 def test_collect_refs_versioned_enum_is_its_value() -> None:
     cfg = Mutable(value=versioned(Color.RED), items=[versioned(Color.BLUE)])
     assert collect_refs("s", cfg).versioned == {"value": "red", "items.0": 2}
