@@ -41,9 +41,9 @@ Every remaining difference from the published run:
     (`steps.sources.raw_dataset`) at two mirror locations, DRYDOCK_535B_DATA and
     DRYDOCK_535B_DATA_MIRROR; moving the data between them keeps every identity;
   * each component's training files are deduplicated and decontaminated before tokenizing, as
-    steps of their own. The dedupe step's global pass holds every document's MinHash signature in
-    one process (512 bytes per document). At this scale (billions of documents per component) it
-    needs the LSH bands sharded across hosts, which the step does not do yet;
+    steps of their own. Dedupe's global pass is sharded: 10 LSH passes (9 bands and the exact one)
+    of 64 parts each, as Ray tasks across the cluster; `drydock plan` states each task's memory
+    for the component's size (`DOCUMENTS`: 2.3 GiB a band part for the web's 10 billion);
   * the peak learning rate (2e-4) and weight decay (0.1) are not published; they are this
     recipe's choice. The balancing bias moves by about the learning rate each step (AdamW on the
     load imbalance), not by DeepSeek-V3's fixed 0.001.
@@ -113,6 +113,18 @@ COMPONENTS = {
 }
 
 
+DOCUMENTS = {
+    "web": 10_000_000_000,
+    "code": 3_000_000_000,
+    "math": 2_000_000_000,
+    "books": 20_000_000,
+    "instruction": 500_000_000,
+}
+"""Documents per component, for the plan's dedupe memory figures: placeholders like the components,
+of the right order (the tokens each supplies at the weights below, about 1,000 tokens a document;
+books 100,000)."""
+
+
 def raw(name: str, pattern: str) -> RawDataset:
     """A raw dataset by name and version, at two mirror locations (two regions): a step reads the
     one in its host's region (DRYDOCK_REGION), and its identity, and so every identity downstream,
@@ -130,7 +142,12 @@ def curated(name: str, pattern: str) -> Step:
     """A component's training files, deduplicated (exact and MinHash LSH) and then decontaminated
     against every validation set and the downstream tasks' rows (13-grams)."""
     deduped = dedupe_step(
-        f"dedupe/{name}", inputs=[raw(f"{name}-train", pattern)], num_workers=64, resources=CPU_HOST
+        f"dedupe/{name}",
+        inputs=[raw(f"{name}-train", pattern)],
+        num_workers=64,
+        band_parts=64,
+        documents=DOCUMENTS[name],
+        resources=CPU_HOST,
     )
     return decontaminate_step(
         f"decontaminate/{name}",

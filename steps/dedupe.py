@@ -7,14 +7,21 @@ Three passes:
 
 1. **Signatures, per shard** (fanned out with `parallel_map`: Ray tasks on a Ray worker, else
    local processes; resumable per shard). Each document gets a hash of its normalized text
-   (Unicode NFKC, lower case, runs of whitespace as one space) and a MinHash signature
-   (`datasketch`, `num_perm` permutations) of its word `ngram`s. A shard's signatures are
-   written to `.work/` under the output; a rerun after a kill reuses the finished ones.
-2. **The global pass**, in the step's process: documents in input order; one whose normalized
-   hash was seen before is an exact duplicate; else MinHash LSH (`datasketch.MinHashLSH`)
-   finds earlier documents whose estimated Jaccard similarity is at least `threshold`, and the
-   document is a near duplicate of the most similar one. The first of each cluster is kept, so
-   duplicates across shards are found as well as within one.
+   (Unicode NFKC, lower case, runs of whitespace as one space) and a MinHash signature of
+   `num_perm` values over its word `ngram`s: by default one-permutation MinHash with
+   densification, computed for thousands of documents at once in numpy (`steps.minhash`);
+   `minhash="datasketch"`, one `datasketch.MinHash` per document with `num_perm` permutations,
+   is how steps made before that were computed (their recipes still rerun it). A shard's
+   signatures are written to `.work/` under the output; a rerun after a kill reuses the
+   finished ones.
+2. **The global pass**, by default as connected components (`steps.dedupe_bands`): each LSH
+   band (9 bands of 13 values for 128 values at 0.8), and an exact pass over the normalized
+   texts' hashes, is split into `band_parts` parts fanned out like the shards (resumable per
+   part); documents of equal band key are paired and pairs whose estimated Jaccard similarity is
+   below `threshold` dropped. In each connected component of all the pairs the first document in
+   input order is kept, so duplicates across shards are found as well as within one.
+   `grouping="first_match"` is the pass as first written (`steps.dedupe_first_match`): in the
+   step's process, each document against the documents kept before it.
 3. **Kept documents, per shard** (fanned out, resumable): each shard's kept records are
    written to `data/<name>` in the input's format and compression, byte for byte.
 
@@ -25,11 +32,14 @@ Output:
     stats.json               documents and bytes in and out per source, exact and near duplicates,
                              clusters, the parameters
     removed_pairs.jsonl      a sample of removed documents beside the one each duplicates
-    .work/                   per-shard signatures (kept: a rerun with --force recomputes them)
+    .work/                   per-shard signatures and per-band-part pairs (kept: a rerun with
+                             --force recomputes them)
 
-The global pass holds every signature in memory: 4 bytes x `num_perm` per document (512 MB per
-million documents at 128). Beyond one host's memory, the LSH bands would have to be sharded;
-this step does not do that.
+Memory: a signing task holds a batch of about 4 MB of text; a band part, 16 bytes per document of
+its part and the signatures of its candidates; the step's process, a count per shard, the
+documents that have duplicates (16 bytes each) and one band part's pairs at a time. With
+`documents=` (a planning hint, not versioned) `drydock plan` states these for the corpus.
+first_match holds every signature in the step's process (512 bytes per document at 128).
 """
 
 from __future__ import annotations
@@ -37,10 +47,9 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import re
 import time
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,13 +60,18 @@ from pipeline import (
     Resources,
     Step,
     StepDeclarationError,
+    added_field,
     step_events,
     step_function,
     this_output,
     versioned,
 )
 from pipeline.run.parallel import parallel_map
+from steps.dedupe_bands import EXACT, Removed, band_pairs, load_pairs, lsh_bands, merge, removals, save_pairs
+from steps.dedupe_first_match import datasketch_signer, first_match_pass
+from steps.estimates import readable_bytes
 from steps.files import exists, read_bytes, read_json, write_file, write_json
+from steps.minhash import BATCH_BYTES, signatures
 from steps.shards import ShardError, is_shard, shard_texts, write_kept
 from steps.sources import (
     InputError,
@@ -70,9 +84,8 @@ from steps.sources import (
 
 __all__ = ["DedupeConfig", "DedupeError", "dedupe", "dedupe_step", "normalize"]
 
-_SPACE = re.compile(r"\s+")
-_SEED = 1  # MinHash permutations: fixed, so signatures are comparable across shards and reruns
-_SCHEME = "affine32"  # datasketch 2.0 needs it named when signatures are rebuilt from values
+MINHASH = ("one_permutation", "datasketch")
+GROUPING = ("components", "first_match")
 
 
 class DedupeError(ValueError):
@@ -99,7 +112,7 @@ class DedupeConfig:
     ngram: int = 5
     """Near duplicates: words per n-gram (shorter documents are one n-gram)."""
     num_perm: int = 128
-    """Near duplicates: MinHash permutations (more: a finer estimate, more memory)."""
+    """Near duplicates: MinHash values per document (more: a finer estimate, more memory)."""
     sample_pairs: int = 20
     """Removed documents written beside their kept duplicate to `removed_pairs.jsonl`."""
     input_root: str | None = None
@@ -108,6 +121,22 @@ class DedupeConfig:
     """Shards processed at once (Ray tasks on a Ray worker, else local processes)."""
     input_identity: dict[str, Any] = field(default_factory=dict)
     """What identity takes from the inputs (`steps.sources`); the locations are not versioned."""
+    # Added after identities were made: a recipe recorded before it rebuilds as datasketch (the
+    # default here), while `dedupe_step` declares one_permutation.
+    minhash: str = added_field("datasketch")
+    """Near duplicates: how signatures are computed: `one_permutation` (`steps.minhash`: one hash
+    per n-gram, binned, densified; vectorized over a batch of documents) or `datasketch` (one
+    `datasketch.MinHash` per document, `num_perm` hash functions per n-gram)."""
+    grouping: str = added_field("first_match")
+    """How duplicates are grouped: `components` (`steps.dedupe_bands`: pairs found per LSH band,
+    sharded; connected components; the first of each kept) or `first_match` (in one process, each
+    document in turn against the documents kept before it). Added like `minhash`."""
+    band_parts: int = added_field(1)
+    """components: each band's documents are split into this many parts, a task each (a task's
+    memory falls with it; what is removed does not change). Not versioned."""
+    documents: int | None = added_field(None)
+    """About how many documents the inputs hold: a planning hint for the memory figures
+    `drydock plan` shows (`preview`). Not versioned."""
 
 
 def dedupe_step(
@@ -124,11 +153,23 @@ def dedupe_step(
     input_root: str | None = None,
     num_workers: int = 1,
     resources: Resources | None = None,
+    minhash: str = "one_permutation",
+    grouping: str = "components",
+    band_parts: int = 1,
+    documents: int | None = None,
 ) -> Step:
     """A ready dedupe `Step`. The inputs' identities, the text field, what is removed and the
     MinHash parameters are versioned; a bad parameter is a `StepDeclarationError` naming it."""
     _check(
-        name, threshold=threshold, ngram=ngram, num_perm=num_perm, inputs=inputs, sample_pairs=sample_pairs
+        name,
+        threshold=threshold,
+        ngram=ngram,
+        num_perm=num_perm,
+        inputs=inputs,
+        sample_pairs=sample_pairs,
+        minhash=minhash,
+        grouping=grouping,
+        band_parts=band_parts,
     )
     identity = [None if isinstance(s, OutputOf) else input_identity(s, input_root) for s in inputs]
     return Step(
@@ -147,6 +188,10 @@ def dedupe_step(
             input_root=input_root,
             num_workers=num_workers,
             input_identity=versioned({"inputs": identity}),
+            minhash=versioned(minhash),
+            grouping=versioned(grouping),
+            band_parts=band_parts,
+            documents=documents,
         ),
         description=f"dedupe {name}",
         resources=resources or Resources(cpus=max(1, num_workers)),
@@ -165,11 +210,25 @@ def _check(step: str | None, **values: Any) -> None:
         raise StepDeclarationError(step, "num_perm must be at least 2", field="num_perm")
     if not values["inputs"]:
         raise StepDeclarationError(step, "no inputs given", field="inputs")
+    for key, allowed in (("minhash", MINHASH), ("grouping", GROUPING)):
+        if values[key] not in allowed:
+            raise StepDeclarationError(
+                step, f"{key} must be one of {', '.join(allowed)}, got {values[key]!r}", field=key
+            )
+    parts = values["band_parts"]
+    if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
+        raise StepDeclarationError(
+            step, f"band_parts must be a positive integer, got {parts!r}", field="band_parts"
+        )
 
 
 def normalize(text: str) -> str:
     """The form duplicates are compared in: NFKC, lower case, whitespace runs as one space."""
-    return _SPACE.sub(" ", unicodedata.normalize("NFKC", text).lower()).strip()
+    # str.split() splits on exactly the characters re's \s matches (str.isspace), three times
+    # faster than a regex; ASCII is its own NFKC form.
+    if not text.isascii():
+        text = unicodedata.normalize("NFKC", text)
+    return " ".join(text.lower().split())
 
 
 # -- the step function ----------------------------------------------------------------------------
@@ -200,26 +259,70 @@ def _inputs_exist(config: DedupeConfig) -> None:
     check_local_inputs_exist({"inputs": config.inputs}, config.input_root)
 
 
-@step_function(inputs=dedupe_inputs, report=_report, check=_inputs_exist)
+def preview(config: DedupeConfig) -> str:
+    """The passes, and with `documents` what each task and the step's process hold, for the plan."""
+    lines = [
+        f"signatures: {config.minhash}, {config.num_perm} values of word {config.ngram}-grams per document"
+    ]
+    signature_bytes = 4 * config.num_perm + 16
+    docs = config.documents
+    if config.grouping == "components":
+        bands, rows = lsh_bands(config.threshold, config.num_perm) if config.near else (0, 0)
+        passes = bands + int(config.exact)
+        lines.append(
+            f"global pass: components; {bands} bands of {rows} values (threshold {config.threshold})"
+            + (" and the exact pass" if config.exact else "")
+            + f", {config.band_parts} part(s) each: {passes * config.band_parts} tasks, "
+            + f"{config.num_workers} at once"
+        )
+        if docs:
+            lines.append(
+                f"memory for {docs:,} documents: a band part {readable_bytes(16 * docs / config.band_parts)} "
+                f"and {4 * config.num_perm} bytes per candidate; the step's process 16 bytes per "
+                f"document with a duplicate ({readable_bytes(0.16 * docs)} per 1% of them); "
+                f"signatures on disk {readable_bytes(signature_bytes * docs)}"
+            )
+    else:
+        lines.append("global pass: first_match, in the step's process")
+        if docs:
+            lines.append(
+                f"memory for {docs:,} documents: the step's process {readable_bytes(signature_bytes * docs)}"
+            )
+    if not docs:
+        lines.append("(documents=N gives the memory figures)")
+    return "\n".join(lines)
+
+
+@step_function(inputs=dedupe_inputs, report=_report, check=_inputs_exist, preview=preview)
 def dedupe(config: DedupeConfig) -> None:
     """Deduplicate `config.inputs` into `config.output` (see the module docstring)."""
-    _check(
-        None, **{k: getattr(config, k) for k in ("threshold", "ngram", "num_perm", "inputs", "sample_pairs")}
-    )
+    names = ("threshold", "ngram", "num_perm", "inputs", "sample_pairs", "minhash", "grouping", "band_parts")
+    _check(None, **{k: getattr(config, k) for k in names})
     shards = _shards(config)
     started = time.time()
-    args = [(config, path, key) for path, key, _source in shards]
+    # Components read the signatures from .work/ in their band tasks: the step's process keeps
+    # a count per shard, and then the removed documents' indices.
+    whole = config.grouping == "first_match"
+    args = [(config, path, key, whole) for path, key, _source in shards]
     signatures: dict[str, dict[str, np.ndarray]] = {}
     for done, (key, sig) in enumerate(parallel_map(_signatures, args, max_workers=config.num_workers), 1):
         signatures[key] = sig
         step_events.progress(done, len(shards), "shards signed")
     order = [key for _path, key, _source in shards]
-    keep, removed, clusters = _global_pass(config, order, signatures)
-    write_args = [(path, f"{config.output}/data/{key}", keep[key]) for path, key, _source in shards]
-    for done, _ in enumerate(parallel_map(_write_shard, write_args, max_workers=config.num_workers), 1):
+    if whole:
+        flags = {k: getattr(config, k) for k in ("exact", "near", "threshold", "num_perm")}
+        removed = Removed.of(order, *first_match_pass(order, signatures, **flags), sample=config.sample_pairs)
+    else:
+        removed = _components_pass(config, order, [int(signatures[key]["documents"]) for key in order])
+    write_args = [(config, path, key, removed.indices[key]) for path, key, _source in shards]
+    tallies = {}
+    for done, (key, tally) in enumerate(
+        parallel_map(_write_shard, write_args, max_workers=config.num_workers), 1
+    ):
+        tallies[key] = tally
         step_events.progress(done, len(shards), "shards written")
-    _write_pairs(config, shards, removed)
-    _write_stats(config, shards, signatures, keep, removed, clusters, time.time() - started)
+    _write_pairs(config, shards, removed.sample)
+    _write_stats(config, shards, tallies, removed, time.time() - started)
 
 
 def _shards(config: DedupeConfig) -> list[tuple[str, str, str]]:
@@ -236,96 +339,129 @@ def _shards(config: DedupeConfig) -> list[tuple[str, str, str]]:
     return out
 
 
-def _signatures(config: DedupeConfig, path: str, key: str) -> tuple[str, dict[str, np.ndarray]]:
-    """One shard's exact hashes, MinHash signatures and text bytes; reused if already written."""
-    work = f"{config.output}/.work/{key}.npz"
+def _signatures(
+    config: DedupeConfig, path: str, key: str, with_minhash: bool = True
+) -> tuple[str, dict[str, np.ndarray]]:
+    """One shard's exact hashes, MinHash signatures (unless not `with_minhash`) and text bytes;
+    reused if already written."""
+    work = _work(config, key)
     if exists(work):
         with np.load(io.BytesIO(read_bytes(work))) as data:
+            if not with_minhash:
+                return key, {"documents": np.asarray(len(data["exact"]))}
             return key, {name: data[name] for name in data.files}
-    from datasketch import MinHash
-
-    permutations = MinHash(num_perm=config.num_perm, seed=_SEED, scheme=_SCHEME).permutations
-    exact, sigs, sizes = [], [], []
+    exact, sizes = [], []
+    sigs: list[np.ndarray] = []
+    batch: list[str] = []  # normalized texts not yet signed
+    batch_bytes = 0
+    sign = _signer(config)
     try:
         for text in shard_texts(path, config.text_field):
             norm = normalize(text)
             exact.append(int.from_bytes(hashlib.blake2b(norm.encode(), digest_size=8).digest(), "little"))
             sizes.append(len(text.encode("utf-8")))
             if config.near:
-                words = norm.split(" ")
-                n = config.ngram
-                grams = [" ".join(words[i : i + n]) for i in range(max(1, len(words) - n + 1))]
-                m = MinHash(num_perm=config.num_perm, seed=_SEED, permutations=permutations, scheme=_SCHEME)
-                m.update_batch([g.encode() for g in grams])
-                sigs.append(m.hashvalues.astype(np.uint32))
+                batch.append(norm)
+                batch_bytes += len(norm)
+                if batch_bytes >= BATCH_BYTES:
+                    sigs.append(sign(batch))
+                    batch, batch_bytes = [], 0
     except ShardError as e:
         raise DedupeError(str(e)) from e
+    if batch:
+        sigs.append(sign(batch))
+    width = config.num_perm if config.near else 0
     result = {
         "exact": np.array(exact, dtype=np.uint64),
         "bytes": np.array(sizes, dtype=np.int64),
-        "minhash": np.array(sigs, dtype=np.uint32).reshape(len(sigs), config.num_perm if config.near else 0),
+        "minhash": np.concatenate(sigs) if sigs else np.zeros((0, width), dtype=np.uint32),
     }
     out = io.BytesIO()
     np.savez(out, **result)
     write_file(work, out.getvalue())  # whole or not at all: a killed shard is redone
+    if not with_minhash:
+        return key, {"documents": np.asarray(len(exact))}
     return key, result
 
 
-def _global_pass(
-    config: DedupeConfig, order: list[str], signatures: dict[str, dict[str, np.ndarray]]
-) -> tuple[dict[str, np.ndarray], list[dict[str, Any]], int]:
-    """Keep flags per shard, the removed documents (kind, similarity, what they duplicate), and
-    the number of clusters (kept documents with at least one duplicate removed)."""
-    from datasketch import LeanMinHash, MinHashLSH
-
-    lsh = MinHashLSH(threshold=config.threshold, num_perm=config.num_perm) if config.near else None
-    seen: dict[int, tuple[str, int]] = {}
-    keep = {key: np.ones(len(signatures[key]["exact"]), dtype=bool) for key in order}
-    removed: list[dict[str, Any]] = []
-    kept_as: dict[tuple[str, int], tuple[str, int]] = {}  # a removed document -> the kept one
-    clusters: set[tuple[str, int]] = set()
-    for key in order:
-        sig = signatures[key]
-        for i, digest in enumerate(sig["exact"].tolist()):
-            if config.exact and digest in seen:
-                # The first with this text may itself be a near duplicate: name the kept one.
-                of = kept_as.get(seen[digest], seen[digest])
-                keep[key][i] = False
-                kept_as[(key, i)] = of
-                removed.append({"kind": "exact", "similarity": 1.0, "doc": (key, i), "of": of})
-                clusters.add(of)
-                continue
-            seen.setdefault(digest, (key, i))
-            if lsh is None:
-                continue
-            values = sig["minhash"][i]
-            best = None
-            for candidate in lsh.query(LeanMinHash(seed=_SEED, hashvalues=values, scheme=_SCHEME)):
-                other_key, j = candidate
-                similarity = float(np.mean(signatures[other_key]["minhash"][j] == values))
-                if similarity >= config.threshold and (best is None or similarity > best[0]):
-                    best = (similarity, (other_key, j))
-            if best is not None:
-                keep[key][i] = False
-                kept_as[(key, i)] = best[1]
-                removed.append(
-                    {"kind": "near", "similarity": round(best[0], 4), "doc": (key, i), "of": best[1]}
-                )
-                clusters.add(best[1])
-            else:  # only kept documents are indexed, so a match always names a kept one
-                lsh.insert((key, i), LeanMinHash(seed=_SEED, hashvalues=values, scheme=_SCHEME))
-    return keep, removed, len(clusters)
+def _work(config: DedupeConfig, key: str) -> str:
+    return f"{config.output}/.work/{key}.npz"
 
 
-def _write_shard(src: str, dst: str, keep: np.ndarray) -> None:
-    write_kept(src, dst, keep.tolist())
+def _loader(config: DedupeConfig) -> Callable[[str, str], np.ndarray]:
+    def load(key: str, name: str) -> np.ndarray:
+        with np.load(io.BytesIO(read_bytes(_work(config, key)))) as data:
+            return data[name]
+
+    return load
+
+
+def _band_task(
+    config: DedupeConfig, order: list[str], counts: list[int], band: int, rows: int, part: int
+) -> tuple[int, np.ndarray]:
+    """One band's part of the components pass (`steps.dedupe_bands`); reused if already written."""
+    name = "exact" if band == EXACT else f"band{band:03d}"
+    work = f"{config.output}/.work/bands/{name}-{part:04d}.npy"
+    if exists(work):
+        return band, load_pairs(read_bytes(work))
+    pairs = band_pairs(
+        order,
+        counts,
+        _loader(config),
+        band=band,
+        rows=rows,
+        part=part,
+        parts=config.band_parts,
+        threshold=config.threshold,
+    )
+    write_file(work, save_pairs(pairs))  # whole or not at all: a killed task is redone
+    return band, pairs
+
+
+def _components_pass(config: DedupeConfig, order: list[str], counts: list[int]) -> Removed:
+    """What to remove, from the connected components of every band's pairs (`steps.dedupe_bands`)."""
+    bands, rows = lsh_bands(config.threshold, config.num_perm) if config.near else (0, 0)
+    tasks = ([EXACT] if config.exact else []) + list(range(bands))
+    args = [(config, order, counts, band, rows, part) for band in tasks for part in range(config.band_parts)]
+    none = np.zeros(0, dtype=np.int64)
+    grouped, exact_later = (none, none), [none]
+    for done, (band, pairs) in enumerate(parallel_map(_band_task, args, max_workers=config.num_workers), 1):
+        grouped = merge(grouped, pairs)
+        if band == EXACT:
+            exact_later.append(np.unique(pairs[:, 1]))
+        step_events.progress(done, len(args), "band parts paired")
+    removed = removals(order, counts, grouped, np.concatenate(exact_later), sample=config.sample_pairs)
+    # The estimated similarity of the sampled near duplicates to the document kept for them.
+    load = _loader(config)
+    for r in removed.sample:
+        if r["similarity"] is None:
+            a, b = load(r["doc"][0], "minhash")[r["doc"][1]], load(r["of"][0], "minhash")[r["of"][1]]
+            r["similarity"] = round(float(np.mean(a == b)), 4)
+    return removed
+
+
+def _signer(config: DedupeConfig) -> Callable[[list[str]], np.ndarray]:
+    """Signatures (uint32, a row per text) of a batch of normalized texts, as `config.minhash` says."""
+    if config.minhash == "one_permutation":
+        return lambda texts: signatures(texts, ngram=config.ngram, num_perm=config.num_perm)
+    return datasketch_signer(config.ngram, config.num_perm)
+
+
+def _write_shard(config: DedupeConfig, src: str, key: str, removed: np.ndarray) -> tuple[str, dict[str, int]]:
+    """Write the shard's kept records; its documents and bytes in and kept."""
+    with np.load(io.BytesIO(read_bytes(_work(config, key)))) as data:
+        sizes = data["bytes"]
+    keep = np.ones(len(sizes), dtype=bool)
+    keep[removed] = False
+    write_kept(src, f"{config.output}/data/{key}", keep.tolist())
+    tally = {"documents_in": len(sizes), "documents_out": int(keep.sum()), "bytes_in": int(sizes.sum())}
+    return key, {**tally, "bytes_out": int(sizes[keep].sum())}
 
 
 def _write_pairs(
-    config: DedupeConfig, shards: list[tuple[str, str, str]], removed: list[dict[str, Any]]
+    config: DedupeConfig, shards: list[tuple[str, str, str]], sample: list[dict[str, Any]]
 ) -> None:
     """A sample of removed documents beside the one each duplicates, for inspection."""
-    sample = removed[: config.sample_pairs]
     wanted = {ref for r in sample for ref in (r["doc"], r["of"])}
     texts: dict[tuple[str, int], str] = {}
     for path, key, _source in shards:
@@ -352,34 +488,19 @@ def _write_pairs(
 def _write_stats(
     config: DedupeConfig,
     shards: list[tuple[str, str, str]],
-    signatures: dict[str, dict[str, np.ndarray]],
-    keep: dict[str, np.ndarray],
-    removed: list[dict[str, Any]],
-    clusters: int,
+    tallies: dict[str, dict[str, int]],
+    removed: Removed,
     seconds: float,
 ) -> None:
-    kinds: dict[tuple[str, int], str] = {r["doc"]: r["kind"] for r in removed}
     sources: dict[str, dict[str, int]] = {}
     for _path, key, source in shards:
-        s = sources.setdefault(
-            source,
-            {
-                "documents_in": 0,
-                "documents_out": 0,
-                "bytes_in": 0,
-                "bytes_out": 0,
-                "exact_removed": 0,
-                "near_removed": 0,
-            },
-        )
-        sizes, flags = signatures[key]["bytes"], keep[key]
-        s["documents_in"] += len(flags)
-        s["documents_out"] += int(flags.sum())
-        s["bytes_in"] += int(sizes.sum())
-        s["bytes_out"] += int(sizes[flags].sum())
-        for i in np.flatnonzero(~flags).tolist():
-            s[f"{kinds[(key, i)]}_removed"] += 1
-    total = {k: sum(s[k] for s in sources.values()) for k in next(iter(sources.values()))}
+        s = sources.setdefault(source, dict.fromkeys(_TALLIES, 0))
+        for name, value in tallies[key].items():
+            s[name] += value
+        exact = int(removed.exact[key].sum())
+        s["exact_removed"] += exact
+        s["near_removed"] += len(removed.exact[key]) - exact
+    total = {k: sum(s[k] for s in sources.values()) for k in _TALLIES}
     write_json(
         f"{config.output}/stats.json",
         {
@@ -389,11 +510,16 @@ def _write_stats(
                 "threshold": config.threshold,
                 "ngram": config.ngram,
                 "num_perm": config.num_perm,
+                "minhash": config.minhash,
+                "grouping": config.grouping,
                 "text_field": config.text_field,
             },
-            "total": {**total, "clusters": clusters},
+            "total": {**total, "clusters": removed.clusters},
             "sources": sources,
-            "files": {key: int(keep[key].sum()) for _p, key, _s in shards},
+            "files": {key: tallies[key]["documents_out"] for _p, key, _s in shards},
             "seconds": round(seconds, 3),
         },
     )
+
+
+_TALLIES = ("documents_in", "documents_out", "bytes_in", "bytes_out", "exact_removed", "near_removed")

@@ -42,6 +42,9 @@ def test_the_plan_lists_every_step_with_parameters_tokens_and_steps(tmp_path):
         for kind in ("dedupe", "decontaminate")
         for c in ("web", "code", "math", "books", "instruction")
     }
+    # Dedupe's global pass is sharded, and the plan says what each band part holds for the web.
+    assert "64 part(s) each: 640 tasks" in steps["dedupe/web"]["preview"]
+    assert "10,000,000,000 documents: a band part 2.3 GiB" in steps["dedupe/web"]["preview"]
     train = steps["train/moe-535b-a23b"]
     # The published run: 535.3B total / 22.76B active, within 0.2% (counted from the model's own
     # shapes); 390,251 steps of 11,264 x 4,096.

@@ -80,9 +80,21 @@ def run_step(step, prefix: Path):
     return out
 
 
-def test_the_planted_duplicates_and_only_they_are_removed(tmp_path):
+# The defaults, the passes as first written (old recipes), and the one mix of them.
+PASSES = [("one_permutation", "components"), ("datasketch", "first_match"), ("datasketch", "components")]
+
+
+@pytest.mark.parametrize(("minhash", "grouping"), PASSES)
+def test_the_planted_duplicates_and_only_they_are_removed(tmp_path, minhash, grouping):
     planted, unique = planted_corpus(tmp_path)
-    step = dedupe_step("dedupe/planted", inputs=["raw"], input_root=str(tmp_path), sample_pairs=5)
+    step = dedupe_step(
+        "dedupe/planted",
+        inputs=["raw"],
+        input_root=str(tmp_path),
+        sample_pairs=5,
+        minhash=minhash,
+        grouping=grouping,
+    )
     out = run_step(step, tmp_path / "prefix")
     removed = set()
     for name in ("a.jsonl", "b.jsonl.gz", "c.parquet"):
@@ -105,6 +117,7 @@ def test_the_planted_duplicates_and_only_they_are_removed(tmp_path):
     assert stats["total"]["documents_out"] == unique
     assert stats["total"]["exact_removed"] == 12 and stats["total"]["near_removed"] == 12
     assert 0 < stats["total"]["clusters"] <= 24
+    assert (stats["parameters"]["minhash"], stats["parameters"]["grouping"]) == (minhash, grouping)
     assert stats["total"]["bytes_out"] < stats["total"]["bytes_in"]
     pairs = [json.loads(line) for line in (out / "removed_pairs.jsonl").read_text().splitlines()]
     assert len(pairs) == 5
@@ -122,7 +135,8 @@ def test_the_planted_duplicates_and_only_they_are_removed(tmp_path):
         assert all(json.loads(line)["id"].startswith("b.jsonl.gz/") for line in f)
 
 
-def test_the_demo_corpus_loses_only_what_was_planted(tmp_path):
+@pytest.mark.parametrize(("minhash", "grouping"), PASSES)
+def test_the_demo_corpus_loses_only_what_was_planted(tmp_path, minhash, grouping):
     """The committed corpus with ten copies planted: the copies go, and of the corpus itself at
     most its one known near duplicate (two prose stories that differ in one animal)."""
     corpus = ROOT / "data" / "corpus" / "prose" / "train-0000.jsonl"
@@ -132,6 +146,8 @@ def test_the_demo_corpus_loses_only_what_was_planted(tmp_path):
         "dedupe/demo",
         inputs=[str(ROOT / "data" / "corpus" / d / "train-*.jsonl") for d in ("prose", "arithmetic")]
         + [str(tmp_path / "extra" / "planted.jsonl")],
+        minhash=minhash,
+        grouping=grouping,
     )
     stats = json.loads((run_step(step, tmp_path / "prefix") / "stats.json").read_text())
     assert stats["sources"][str(tmp_path / "extra" / "planted.jsonl")]["documents_out"] == 0
@@ -168,9 +184,50 @@ def test_a_rerun_after_a_failure_reuses_the_finished_shards(tmp_path):
         ({"ngram": 0}, "ngram", "ngram must be a positive integer"),
         ({"num_perm": 1}, "num_perm", "num_perm must be at least 2"),
         ({"inputs": []}, "inputs", "no inputs given"),
+        ({"minhash": "rensa"}, "minhash", "minhash must be one of one_permutation, datasketch, got 'rensa'"),
+        ({"grouping": "greedy"}, "grouping", "grouping must be one of components, first_match, got 'greedy'"),
+        ({"band_parts": 0}, "band_parts", "band_parts must be a positive integer, got 0"),
     ],
 )
 def test_bad_parameters_are_one_clear_error(kwargs, field, message):
     with pytest.raises(StepDeclarationError, match=message) as info:
         dedupe_step("dedupe/bad", **{"inputs": ["x.jsonl"], **kwargs})
     assert info.value.field == field and "step 'dedupe/bad'" in str(info.value)
+
+
+def test_how_signatures_are_computed_is_versioned_and_old_recipes_keep_their_identity(tmp_path):
+    """`minhash` and `grouping` entered the config after dedupe steps were made: datasketch and
+    first_match (how they were made) leave their identity as it was, and a recorded config
+    without the fields rebuilds as those; the defaults now are another identity. `band_parts`
+    changes nothing removed, so it is not versioned."""
+    from pipeline.core.dag import build_dag
+
+    write_jsonl(tmp_path / "raw" / "a.jsonl", ["one two three"])
+
+    def payload(**kwargs):
+        step = dedupe_step("dedupe/x", inputs=["raw/a.jsonl"], input_root=str(tmp_path), **kwargs)
+        (node,) = build_dag([step], str(tmp_path / "prefix")).nodes.values()
+        return node.identity.payload, node.label
+
+    old, old_label = payload(minhash="datasketch", grouping="first_match")
+    new, new_label = payload()
+    assert {"minhash", "grouping"}.isdisjoint(old["versioned"]) and new_label != old_label
+    assert (new["versioned"].pop("minhash"), new["versioned"].pop("grouping")) == (
+        "one_permutation",
+        "components",
+    )
+    assert new == old
+    assert payload(band_parts=8)[1] == new_label
+    config = DedupeConfig(inputs=[], output="x")
+    assert (config.minhash, config.grouping, config.band_parts) == ("datasketch", "first_match", 1)
+
+
+def test_the_plan_says_what_each_task_holds_for_the_corpus_given():
+    from steps.dedupe import preview
+
+    config = DedupeConfig(inputs=[], output="x", grouping="components", band_parts=8, documents=10**8)
+    shown = preview(config)
+    assert "9 bands of 13 values (threshold 0.8) and the exact pass, 8 part(s) each: 80 tasks" in shown
+    # 16 bytes a document of the part: 1e8 / 8 x 16 bytes = 0.19 GiB
+    assert "memory for 100,000,000 documents: a band part 0.2 GiB and 512 bytes per candidate" in shown
+    assert "documents=N" in preview(DedupeConfig(inputs=[], output="x"))
