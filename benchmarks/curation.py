@@ -6,8 +6,11 @@ seed of its own, so that the copies are not duplicates of each other (a corpus o
 measure the exact-duplicate shortcut, not the MinHash work); sizes and word counts are the
 demo's. Everything runs in this process on one core:
 
-  dedupe         steps.dedupe.dedupe: read, normalize, hash, MinHash (128 permutations, 5-grams),
-                 the global LSH pass, write the kept shards and stats
+  dedupe         steps.dedupe.dedupe as dedupe_step declares it: read, normalize, hash,
+                 one-permutation MinHash (128 values, 5-grams), the components pass over the LSH
+                 bands, write the kept shards and stats
+  dedupe (first) the same with the passes as first written (minhash="datasketch",
+                 grouping="first_match"): datasketch per document, the LSH pass in one process
   decontaminate  steps.decontaminate.decontaminate against the demo's validation files and task
                  rows (13-grams): index the evaluation data, scan, write the kept shards
   tokenize raw   Tokenizer.encode_batch on one thread over the documents in memory (the ceiling
@@ -89,8 +92,12 @@ def main() -> None:
         evaluation += [str(p) for p in sorted((ROOT / "data" / "tasks").glob("*/test.jsonl"))]
         tok = Tokenizer.from_file(str(ROOT / "data" / "tokenizer" / "tokenizer.json"))
 
-        def run_dedupe(i: int) -> None:
-            dedupe(DedupeConfig(inputs=[str(workdir / "in")], output=str(workdir / f"dedupe-{i}")))
+        def run_dedupe(i: int, first: bool = False) -> None:
+            passes = ("datasketch", "first_match") if first else ("one_permutation", "components")
+            out = str(workdir / f"dedupe-{'first-' if first else ''}{i}")
+            dedupe(
+                DedupeConfig(inputs=[str(workdir / "in")], output=out, minhash=passes[0], grouping=passes[1])
+            )
 
         def run_decontaminate(i: int) -> None:
             out = str(workdir / f"decontaminate-{i}")
@@ -105,6 +112,7 @@ def main() -> None:
         results = {}
         for name, fn in (
             ("dedupe", run_dedupe),
+            ("dedupe (first)", lambda i: run_dedupe(i, first=True)),
             ("decontaminate", run_decontaminate),
             ("tokenize raw", run_tokenize),
         ):

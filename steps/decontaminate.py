@@ -27,7 +27,6 @@ Output:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import time
@@ -36,6 +35,8 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from pipeline import (
     OutputOf,
@@ -50,6 +51,7 @@ from pipeline import (
 from pipeline.run.parallel import parallel_map
 from steps.eval_tasks import EvalTask
 from steps.files import exists, read_json, write_file, write_json
+from steps.minhash import BATCH_BYTES, ngram_hashes
 from steps.shards import ShardError, is_shard, shard_records, shard_texts, write_kept
 from steps.sources import (
     InputError,
@@ -60,7 +62,7 @@ from steps.sources import (
     read_files,
 )
 
-__all__ = ["DecontaminateConfig", "DecontaminateError", "decontaminate", "decontaminate_step", "ngram_hashes"]
+__all__ = ["DecontaminateConfig", "DecontaminateError", "decontaminate", "decontaminate_step", "words"]
 
 _WORD = re.compile(r"[^\w]+")
 
@@ -148,17 +150,6 @@ def words(text: str) -> list[str]:
     return [w for w in _WORD.sub(" ", unicodedata.normalize("NFKC", text).lower()).split(" ") if w]
 
 
-def ngram_hashes(tokens: list[str], n: int) -> Iterator[tuple[int, int]]:
-    """(position, 8-byte hash) of every run of `n` words."""
-    for i in range(len(tokens) - n + 1):
-        yield (
-            i,
-            int.from_bytes(
-                hashlib.blake2b(" ".join(tokens[i : i + n]).encode(), digest_size=8).digest(), "little"
-            ),
-        )
-
-
 # -- the step function ----------------------------------------------------------------------------
 
 
@@ -236,6 +227,7 @@ def _evaluation_index(config: DecontaminateConfig) -> tuple[dict[int, tuple[int,
     too_short = 0
     for number, (path, key, _source) in enumerate(_files(config, config.evaluation, "evaluation")):
         names.append(key)
+        texts, items = [], []
         try:
             for item, record in enumerate(shard_records(path)):
                 for text in _strings(record):
@@ -243,10 +235,14 @@ def _evaluation_index(config: DecontaminateConfig) -> tuple[dict[int, tuple[int,
                     if len(tokens) < config.ngram:
                         too_short += 1
                         continue
-                    for _pos, h in ngram_hashes(tokens, config.ngram):
-                        index.setdefault(h, (number, item))
+                    texts.append(" ".join(tokens))
+                    items.append(item)
         except ShardError as e:
             raise DecontaminateError(str(e)) from e
+        hashes, first = ngram_hashes(texts, config.ngram, short=False)
+        owners = np.repeat(np.asarray(items, dtype=np.int64), np.diff(np.append(first, len(hashes))))
+        for h, item in zip(hashes.tolist(), owners.tolist(), strict=True):
+            index.setdefault(h, (number, item))
     return index, names, too_short
 
 
@@ -266,32 +262,54 @@ def _scan(
 ) -> dict[str, Any]:
     """One training shard's documents that share an n-gram with the evaluation data (with the
     n-grams), plus its totals. Kept under `.work/`, so a rerun reuses finished shards."""
-    work = f"{config.output}/.work/{key}.json"
+    work = f"{config.output}/.work/{key}.ngrams.json"  # (.json: blake2b hashes, before numpy's)
     if exists(work):
         return read_json(work)
+    known = np.fromiter(index, dtype=np.uint64, count=len(index))
     totals = {"documents": 0, "words": 0, "bytes": 0}
-    hits = []
-    try:
-        for i, text in enumerate(shard_texts(path, config.text_field)):
-            tokens = words(text)
-            size = len(text.encode("utf-8"))
-            totals["documents"] += 1
-            totals["words"] += len(tokens)
-            totals["bytes"] += size
-            found = {h: pos for pos, h in ngram_hashes(tokens, config.ngram) if h in index}
-            if found:
-                first = min(found.values())
+    hits: list[dict[str, Any]] = []
+    batch: list[str] = []  # the normalized words of documents not yet looked up, space-joined
+    sizes: list[int] = []
+    batch_bytes = 0
+
+    def look_up() -> None:
+        hashes, first = ngram_hashes(batch, config.ngram, short=False)
+        found = np.flatnonzero(np.isin(hashes, known))
+        if len(found):
+            owner = np.searchsorted(first, found, side="right") - 1
+            for doc in np.unique(owner).tolist():
+                mine = found[owner == doc]
+                tokens = batch[doc].split(" ")
+                start = int(mine[0] - first[doc])  # the first matching n-gram
                 hits.append(
                     {
-                        "index": i,
-                        "hashes": sorted(found),
+                        "index": totals["documents"] - len(batch) + doc,
+                        "hashes": sorted(set(hashes[mine].tolist())),
                         "words": len(tokens),
-                        "bytes": size,
-                        "ngram": " ".join(tokens[first : first + config.ngram]),
+                        "bytes": sizes[doc],
+                        "ngram": " ".join(tokens[start : start + config.ngram]),
                     }
                 )
+        batch.clear()
+        sizes.clear()
+
+    try:
+        for text in shard_texts(path, config.text_field):
+            tokens = words(text)
+            totals["documents"] += 1
+            totals["words"] += len(tokens)
+            size = len(text.encode("utf-8"))
+            totals["bytes"] += size
+            batch.append(" ".join(tokens))
+            sizes.append(size)
+            batch_bytes += size
+            if batch_bytes >= BATCH_BYTES:
+                look_up()
+                batch_bytes = 0
     except ShardError as e:
         raise DecontaminateError(str(e)) from e
+    if batch:
+        look_up()
     result = {"key": key, **totals, "hits": hits}
     write_json(work, result, indent=None)  # whole or not at all: a killed shard is redone
     return result

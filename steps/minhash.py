@@ -82,11 +82,14 @@ def _span_hashes(values: np.ndarray, starts: np.ndarray, ends: np.ndarray, base:
     return (prefix[ends] - prefix[starts]) * down[starts]
 
 
-def ngram_hashes(texts: Sequence[str], ngram: int) -> tuple[np.ndarray, np.ndarray]:
+def ngram_hashes(texts: Sequence[str], ngram: int, *, short: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """The 64-bit hash of every word n-gram of every text (words split on single spaces), and the
-    index of each text's first n-gram (every text has at least one: a text of fewer than `ngram`
-    words, the empty text included, is one n-gram of all its words). A text must not hold a
-    newline (`steps.dedupe.normalize` removes them)."""
+    index of each text's first n-gram. A text of fewer than `ngram` words, the empty text
+    included, is one n-gram of all its words; with `short=False` it has none (and the index of
+    its first n-gram is that of the next text's). A text must not hold a newline
+    (`steps.dedupe.normalize` removes them)."""
+    if not texts:
+        return np.zeros(0, dtype=_U64), np.zeros(0, dtype=np.int64)
     data = np.frombuffer("\n".join(texts).encode("utf-8"), dtype=np.uint8)
     separator = (data == ord(" ")) | (data == ord("\n"))
     cuts = np.flatnonzero(separator)
@@ -102,7 +105,13 @@ def ngram_hashes(texts: Sequence[str], ngram: int) -> tuple[np.ndarray, np.ndarr
     num_words = np.diff(np.concatenate((first_word, [len(words)])))
     if len(num_words) != len(texts):
         raise ValueError("a text holds a newline: normalize it first")
-    num_grams = np.maximum(1, num_words - ngram + 1)
+    if short:
+        num_grams = np.maximum(1, num_words - ngram + 1)
+    else:  # the empty text is one word of no bytes: no words
+        num_words = np.where(
+            (num_words == 1) & (word_ends[first_word] == word_starts[first_word]), 0, num_words
+        )
+        num_grams = np.maximum(0, num_words - ngram + 1)
     first_gram = np.concatenate(([0], np.cumsum(num_grams)[:-1]))
     owner = np.repeat(np.arange(len(texts)), num_grams)
     starts = first_word[owner] + (np.arange(len(owner)) - first_gram[owner])

@@ -102,7 +102,7 @@ def test_a_rerun_reuses_checked_shards_and_bad_input_is_named(tmp_path):
         DecontaminateError, match=r"b.jsonl line 1: no text field 'text' \(found: \['body'\]\)"
     ):
         decontaminate(config)
-    (work,) = (tmp_path / "out" / ".work").rglob("a.jsonl.json")
+    (work,) = (tmp_path / "out" / ".work").rglob("a.jsonl.ngrams.json")
     before = work.stat().st_mtime_ns
     write_jsonl(tmp_path / "in" / "b.jsonl", unique_docs(2, seed=3))
     decontaminate(config)
