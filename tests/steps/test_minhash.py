@@ -35,6 +35,15 @@ def test_n_grams_are_the_word_n_grams_of_each_text_and_nothing_across_texts():
         ngram_hashes(["a\nb"], 5)
 
 
+def test_without_short_texts_a_text_of_fewer_words_has_no_n_gram():
+    """As decontaminate counts them: the empty text and a text under `ngram` words give none."""
+    texts = ["a b c", "", "a b c d e f", "x"]
+    hashes, first = ngram_hashes(texts, 5, short=False)
+    assert first.tolist() == [0, 0, 0, 2] and len(hashes) == 2
+    assert hashes.tolist() == ngram_hashes(["a b c d e f"], 5)[0].tolist()
+    assert len(ngram_hashes(["", "a"], 1, short=False)[0]) == 1  # the empty text has no word
+
+
 def test_word_order_and_word_boundaries_matter():
     (a, b, c), _ = ngram_hashes(["ab c", "a bc", "c ab"], 5)
     assert len({a, b, c}) == 3
