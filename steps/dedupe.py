@@ -432,10 +432,13 @@ def _components_pass(config: DedupeConfig, order: list[str], counts: list[int]) 
         step_events.progress(done, len(args), "band parts paired")
     removed = removals(order, counts, grouped, np.concatenate(exact_later), sample=config.sample_pairs)
     # The estimated similarity of the sampled near duplicates to the document kept for them.
-    load = _loader(config)
+    load, loaded = _loader(config), {}
     for r in removed.sample:
         if r["similarity"] is None:
-            a, b = load(r["doc"][0], "minhash")[r["doc"][1]], load(r["of"][0], "minhash")[r["of"][1]]
+            for key in (r["doc"][0], r["of"][0]):
+                if key not in loaded:
+                    loaded[key] = load(key, "minhash")
+            a, b = loaded[r["doc"][0]][r["doc"][1]], loaded[r["of"][0]][r["of"][1]]
             r["similarity"] = round(float(np.mean(a == b)), 4)
     return removed
 

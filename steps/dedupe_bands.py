@@ -22,6 +22,7 @@ are split, and components do not depend on the order pairs arrive in.
 
 from __future__ import annotations
 
+import functools
 import io
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,13 +42,27 @@ Loader = Callable[[str, str], np.ndarray]
 """(shard key, array name) -> that array of the shard's signature file."""
 
 
+@functools.cache
 def lsh_bands(threshold: float, num_perm: int) -> tuple[int, int]:
-    """(bands, rows per band) for a threshold: datasketch's choice (the least weighted sum of the
-    false-positive and false-negative areas), as the first-match pass uses."""
-    from datasketch import MinHashLSH
+    """(bands, rows per band) for a threshold, as datasketch's `MinHashLSH` chooses them (the
+    least sum of the false-positive area below the threshold and the false-negative area above,
+    weighted equally): the first-match pass's bands, computed here without importing datasketch
+    and scipy (half a second) on a 2,001-point Simpson rule, for all (b, r) at once."""
+    b, r = np.meshgrid(np.arange(1, num_perm + 1), np.arange(1, num_perm + 1), indexing="ij")
+    valid = b * r <= num_perm
+    b, r = b[valid].astype(float), r[valid].astype(float)
 
-    lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)
-    return lsh.b, lsh.r
+    def area(lo: float, hi: float, miss: bool) -> np.ndarray:
+        s = np.linspace(lo, hi, 2001)
+        caught = 1 - (1 - s[None, :] ** r[:, None]) ** b[:, None]
+        f = 1 - caught if miss else caught
+        weights = np.ones(len(s))
+        weights[1:-1:2], weights[2:-1:2] = 4, 2
+        return f @ weights * (hi - lo) / (3 * (len(s) - 1))
+
+    error = 0.5 * area(0.0, threshold, miss=False) + 0.5 * area(threshold, 1.0, miss=True)
+    best = int(np.argmin(error))  # the first least, in datasketch's order (b, then r)
+    return int(b[best]), int(r[best])
 
 
 def _mix(x: np.ndarray) -> np.ndarray:

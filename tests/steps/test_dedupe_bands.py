@@ -209,3 +209,14 @@ def test_the_pass_sharded_across_a_cluster_removes_what_one_process_removes(tmp_
     assert removed_by(sharded_dir, tmp_path / "in") == removed_by(alone_dir, tmp_path / "in") == planted
     stats = [json.loads((d / "stats.json").read_text())["total"] for d in (alone_dir, sharded_dir)]
     assert stats[0] == stats[1]
+
+
+@pytest.mark.parametrize("num_perm", [16, 128, 256])
+@pytest.mark.parametrize("threshold", [0.5, 0.7, 0.8, 0.9])
+def test_the_bands_are_datasketchs(threshold, num_perm):
+    """The (bands, rows) datasketch's MinHashLSH would use (its own search, with scipy's quad)."""
+    from datasketch.lsh import _optimal_param
+
+    from steps.dedupe_bands import lsh_bands
+
+    assert lsh_bands(threshold, num_perm) == _optimal_param(threshold, num_perm, 0.5, 0.5)
