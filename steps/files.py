@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import io
 import json
-import posixpath
 from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from pipeline import step_events
+from pipeline.storage.files import write_atomically
 
 __all__ = [
     "exists",
@@ -54,10 +54,7 @@ def write_file(path: str, data: bytes) -> None:
         step_events.check_lease(f"upload of {path}")
         fs.pipe_file(plain, data)  # object stores have no directories to create
         return
-    fs.makedirs(posixpath.dirname(plain), exist_ok=True)
-    with fs.open(plain + ".tmp", "wb") as f:
-        f.write(data)
-    fs.mv(plain + ".tmp", plain)
+    write_atomically(plain, data)  # storage's own: a killed write leaves a `.tmp-*` that gc finds
 
 
 def write_text(path: str, text: str) -> None:

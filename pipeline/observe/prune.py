@@ -29,7 +29,6 @@ from pipeline.storage.layout import (
     MANIFEST_DIR,
     PINNED,
     STEP_DIR_MARKERS,
-    TMP_PREFIX,
     manifest_pattern,
     split_label,
 )
@@ -65,7 +64,7 @@ class StepDir:
     keep_reason: str = ""
     """Empty: to be deleted."""
     orphans: tuple[str, ...] = ()
-    """`.tmp-*` leftovers inside it."""
+    """`.tmp-*` leftovers inside it, at any depth (the step library writes in subdirectories)."""
 
 
 @dataclass(frozen=True)
@@ -250,7 +249,7 @@ def plan_gc(
             reason = running[label]
         if not reason and older_than is not None and when is not None and now - when < older_than:
             reason = "too recent"
-        orphans = tuple(f"{path}/{n}" for n in storage.listdir(path) if n.startswith(TMP_PREFIX))
+        orphans = tuple(storage.temporary_entries(path))
         size = storage.disk_usage(path)
         entry = StepDir(path, label, state, when, size, reason, orphans)
         (kept if reason else doomed).append(entry)

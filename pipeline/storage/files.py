@@ -52,6 +52,7 @@ __all__ = [
     "map_reads",
     "normalize_prefix",
     "open_storage",
+    "write_atomically",
 ]
 
 logger = logging.getLogger(__name__)
@@ -199,6 +200,27 @@ class Storage:
 
         return self._retrying("measure", path, once)
 
+    def temporary_entries(self, path: str) -> list[str]:
+        """Every `.tmp-*` file or directory under `path`, at any depth (outermost only: a staging
+        directory, not what it holds), sorted: writes in progress, or what killed ones left."""
+
+        def once() -> list[str]:
+            try:
+                found = self.fs.find(path, withdirs=True)
+            except FileNotFoundError:
+                return []
+            base = self.fs._strip_protocol(path).rstrip("/")
+            out = set()
+            for key in found:
+                parts = key[len(base) :].strip("/").split("/")
+                for i, part in enumerate(parts):
+                    if part.startswith(TMP_PREFIX):
+                        out.add("/".join([path.rstrip("/"), *parts[: i + 1]]))
+                        break
+            return sorted(out)
+
+        return self._retrying("list", path, once)
+
     def resolves_outside(self, path: str, prefix: str) -> str | None:
         """Where `path` really is, if that is outside `prefix` (through a symbolic link on local
         disk); None when it is inside. Object stores have no links: always None."""
@@ -290,6 +312,24 @@ def _in_directory(directory: str, make: Callable[[], T]) -> T:
         return make()
 
 
+def write_atomically(path: str, data: bytes) -> None:
+    """Replace the local file `path` with `data`, whole or not at all: written to a `.tmp-*` file
+    beside it (unique per writer) and renamed over it; the directory is made if needed. A writer
+    killed midway leaves only that `.tmp-*` file, which `drydock gc` finds and deletes at any
+    depth. The one atomic write of the project: storage and the step library (`steps.files`)."""
+    parent = os.path.dirname(path)
+    fd, tmp = _in_directory(parent, lambda: tempfile.mkstemp(dir=parent, prefix=TMP_PREFIX))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; outputs are meant to be shared
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 class LocalStorage(Storage):
     """Local disk: atomic rename for whole writes, `flock` for read-modify-write.
 
@@ -347,17 +387,7 @@ class LocalStorage(Storage):
             raise StorageError(f"write {path!r}: {e.strerror or e}") from e
 
     def _write(self, path: str, data: bytes) -> None:
-        parent = os.path.dirname(path)
-        fd, tmp = _in_directory(parent, lambda: tempfile.mkstemp(dir=parent, prefix=TMP_PREFIX))
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.chmod(tmp, 0o644)  # mkstemp creates 0600; outputs are meant to be shared
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_atomically(path, data)
 
     def update(self, path: str, fn: Callable[[bytes | None], bytes | None]) -> bytes | None:
         path = self._local(path)

@@ -144,6 +144,30 @@ def test_leftover_temporary_files_go_only_where_nobody_writes(prefix):
     assert Path(idle, "value.json").exists()
 
 
+def test_leftovers_are_found_at_any_depth(prefix, tmp_path):
+    """The step library writes in subdirectories (`.work/`, `data/...`): a write killed there
+    leaves a `.tmp-*` file that gc finds and deletes; a staging directory is one entry."""
+    idle = next(d for d in gc_plan(prefix).keep if d.keep_reason == "in a kept manifest").path
+    # A real write killed between writing and renaming (os._exit: no cleanup runs).
+    script = (
+        "import os, sys; from steps.files import write_file; "
+        "os.replace = lambda *a: os._exit(9); write_file(sys.argv[1], b'half a shard')"
+    )
+    target = f"{idle}/.work/bands/band000-0000.npy"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    killed = subprocess.run([sys.executable, "-c", script, target], env=env, timeout=60)
+    assert killed.returncode == 9 and not Path(target).exists()
+    (leftover,) = Path(idle, ".work", "bands").iterdir()
+    assert leftover.name.startswith(".tmp-")
+    Path(idle, "data", "deep", ".tmp-staging").mkdir(parents=True)
+    Path(idle, "data", "deep", ".tmp-staging", "part").write_text("x")
+    plan = gc_plan(prefix)
+    assert plan.orphans == sorted([str(leftover), f"{idle}/data/deep/.tmp-staging"])
+    delete_planned(LocalStorage(), plan, now=time.time(), local_host=Owner.current().host)
+    assert not leftover.exists() and not Path(idle, "data", "deep", ".tmp-staging").exists()
+    assert Path(idle, "value.json").exists() and Path(idle, "data", "deep").is_dir()
+
+
 def test_bad_keep_or_manifest_refuses_before_deleting(prefix):
     with pytest.raises(StepDeclarationError, match="manifest 'nope' not found"):
         gc_plan(prefix, keep=["nope"])
