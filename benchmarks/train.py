@@ -8,7 +8,12 @@ is the steady state: the median time between consecutive steps' loss logs, after
 compilation is not in it), over the whole run; the mean is printed too, since periodic work
 (router statistics every 10 steps) shows in the mean, not the median.
 
-    .venv/bin/python benchmarks/train.py [--steps 300] [--out results.json]
+Runs come in `--pairs` pairs, one of each, alternating which goes first (the first pair direct
+first, the next the step first, ...), so a drift in the machine's load touches both alike. The
+overhead is taken within each pair (step / direct - 1) and reported as the median of the pairs
+with their range: one pair of single runs measured +2.8%, +13.5% and -5.3% on three tries.
+
+    .venv/bin/python benchmarks/train.py [--steps 300] [--pairs 5] [--out results.json]
 """
 
 from __future__ import annotations
@@ -163,6 +168,7 @@ def timed(mode: str, data: str, steps: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--out", default=None)
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -170,27 +176,42 @@ def main() -> None:
         mode, data, steps, out = args.child
         child(mode, data, int(steps), out)
         return
+    load_before = os.getloadavg()
+    pairs: list[dict[str, dict[str, float]]] = []
     with tempfile.TemporaryDirectory(prefix="drydock-bench-train-data-") as prefix:
         data = prepare(prefix)
-        rows = {mode: timed(mode, data, args.steps) for mode in ("direct", "step")}
+        for i in range(args.pairs):
+            order = ("direct", "step") if i % 2 == 0 else ("step", "direct")
+            pairs.append({mode: timed(mode, data, args.steps) for mode in order})
+    load_after = os.getloadavg()
+    rows = {
+        mode: {key: statistics.median(p[mode][key] for p in pairs) for key in ("median_s", "mean_s")}
+        for mode in ("direct", "step")
+    }
     for row in rows.values():
         row["tokens_per_s"] = BATCH * SEQ / row["median_s"]
-    median_overhead = rows["step"]["median_s"] / rows["direct"]["median_s"] - 1
-    mean_overhead = rows["step"]["mean_s"] / rows["direct"]["mean_s"] - 1
+    overheads = {
+        kind: sorted(p["step"][f"{kind}_s"] / p["direct"][f"{kind}_s"] - 1 for p in pairs)
+        for kind in ("median", "mean")
+    }
     print(
         f"tiny Qwen3-MoE, batch {BATCH} x seq {SEQ}; {os.cpu_count()} cores; {args.steps} steps, "
-        f"timed after step 20"
+        f"timed after step 20; {args.pairs} pairs; "
+        f"load {load_before[0]:.2f} before, {load_after[0]:.2f} after"
     )
-    print(f"{'':28} {'median ms':>10} {'mean ms':>9} {'tokens/s':>10}")
+    print(f"{'':28} {'median ms':>10} {'mean ms':>9} {'tokens/s':>10}   (medians over the pairs)")
     for name, label in (("direct", "levanter train_lm directly"), ("step", "drydock train_moe step")):
         r = rows[name]
         print(f"{label:28} {1000 * r['median_s']:10.1f} {1000 * r['mean_s']:9.1f} {r['tokens_per_s']:10,.0f}")
-    print(
-        f"train_moe overhead per step: median {median_overhead:+.1%}, mean {mean_overhead:+.1%} "
-        "(target: under 2%)"
-    )
+    for kind in ("median", "mean"):
+        values = overheads[kind]
+        shown = ", ".join(f"{v:+.1%}" for v in values)
+        print(
+            f"train_moe overhead per step ({kind} step time), paired: "
+            f"median {statistics.median(values):+.1%} (pairs: {shown})"
+        )
     if args.out:
-        result = {"rows": rows, "median_overhead": median_overhead, "mean_overhead": mean_overhead}
+        result = {"pairs": pairs, "rows": rows, "overheads": overheads}
         Path(args.out).write_text(json.dumps(result, indent=2))
 
 
