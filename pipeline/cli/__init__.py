@@ -126,7 +126,7 @@ COMMANDS: tuple[Command, ...] = (
 
 _OPTIONS = """options (run, plan, status, dag, explain, rerun):
   --prefix P               storage prefix (default $DRYDOCK_PREFIX, else ./drydock-runs)
-  --backend ray|local      where steps run (default ray: a private local instance, or --ray.address)
+  --backend {backends:<14} where steps run (default ray: a private local instance, or --ray.address)
   --ray.address HOST:PORT  join a Ray cluster (default $RAY_ADDRESS; also --ray_address)
   --json                   machine-readable output on stdout
   --only REGEX             run only matching steps and what they need
@@ -143,7 +143,14 @@ def usage() -> str:
         first, *rest = c.help.split("\n")
         lines.append(f"  {c.name:<9} {first}")
         lines.extend(f"  {'':<9} {line}" for line in rest)
-    return "\n".join([*lines, "", _OPTIONS])
+    return "\n".join([*lines, "", options_text()])
+
+
+def options_text() -> str:
+    """The common options' lines; the backends from their registry."""
+    from pipeline.run.backends import REGISTRY  # the registry alone: no backend is imported
+
+    return _OPTIONS.format(backends="|".join(REGISTRY))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -162,7 +169,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # its options (`drydock run FILE --help` lists every option with its default).
         takes_file = " FILE" in command.usage or " MANIFEST" in command.usage
         print(
-            "\n".join([f"usage: {command.usage}", "", command.help, *(["", _OPTIONS] if takes_file else [])])
+            "\n".join(
+                [f"usage: {command.usage}", "", command.help, *(["", options_text()] if takes_file else [])]
+            )
         )
         return 0
     # Imported on use: `dashboard` loads the web stack, `run` the engine; `--help` loads neither.

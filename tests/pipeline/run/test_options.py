@@ -29,7 +29,14 @@ def test_unknown_options_and_backends_are_one_clear_error():
 
 
 def test_backends_come_from_the_registry():
-    assert set(REGISTRY) == {"ray", "local"}
+    # Every entry names a Backend class and an options field of the executor's config.
+    from dataclasses import fields
+
+    from pipeline.run.backends.base import Backend
+
+    names = {f.name for f in fields(ExecutorMainConfig)}
+    for name, entry in REGISTRY.items():
+        assert issubclass(backend_class(name), Backend) and entry.options in names, name
     assert backend_class("local") is LocalBackend
     backend = make_backend("local", ExecutorMainConfig(backend="local"))
     assert isinstance(backend, LocalBackend)
