@@ -85,6 +85,7 @@ from steps.sources import (
 __all__ = ["DedupeConfig", "DedupeError", "dedupe", "dedupe_step", "normalize"]
 
 MINHASH = ("one_permutation", "datasketch")
+_FOLD_AT = 1 << 20  # pairs waiting before the components pass folds them in (16 MiB)
 GROUPING = ("components", "first_match")
 
 
@@ -425,11 +426,21 @@ def _components_pass(config: DedupeConfig, order: list[str], counts: list[int]) 
     args = [(config, order, counts, band, rows, part) for band in tasks for part in range(config.band_parts)]
     none = np.zeros(0, dtype=np.int64)
     grouped, exact_later = (none, none), [none]
+    pending: list[np.ndarray] = []
+    waiting = 0
     for done, (band, pairs) in enumerate(parallel_map(_band_task, args, max_workers=config.num_workers), 1):
-        grouped = merge(grouped, pairs)
         if band == EXACT:
             exact_later.append(np.unique(pairs[:, 1]))
+        pending.append(pairs)
+        waiting += len(pairs)
+        # Fold the pairs in once they outnumber the documents grouped so far: the process holds
+        # at most about twice the grouped documents, and each is re-sorted O(log) times, not
+        # once per part.
+        if waiting >= max(len(grouped[0]), _FOLD_AT):
+            grouped, pending, waiting = merge(grouped, np.concatenate(pending)), [], 0
         step_events.progress(done, len(args), "band parts paired")
+    if pending:
+        grouped = merge(grouped, np.concatenate(pending))
     removed = removals(order, counts, grouped, np.concatenate(exact_later), sample=config.sample_pairs)
     # The estimated similarity of the sampled near duplicates to the document kept for them.
     load, loaded = _loader(config), {}

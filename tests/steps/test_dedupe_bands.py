@@ -98,17 +98,28 @@ def removed_by(out: Path, inputs: Path) -> set[tuple[str, int]]:
     return removed
 
 
-def test_parts_and_passes_remove_the_same_documents(tmp_path):
+def test_parts_and_passes_remove_the_same_documents(tmp_path, monkeypatch):
+    import steps.dedupe
+
     planted = spread_corpus(tmp_path / "in")
     results = {}
     for name, extra in {
         "one part": {"minhash": "one_permutation", "grouping": "components"},
         "five parts": {"minhash": "one_permutation", "grouping": "components", "band_parts": 5},
         "first match": {"minhash": "one_permutation", "grouping": "first_match"},
+        "folded part by part": {"minhash": "one_permutation", "grouping": "components", "band_parts": 5},
     }.items():
+        if name == "folded part by part":  # the step's process folds each part in as it comes
+            monkeypatch.setattr(steps.dedupe, "_FOLD_AT", 1)
         dedupe(DedupeConfig(inputs=[str(tmp_path / "in")], output=str(tmp_path / name), **extra))
         results[name] = removed_by(tmp_path / name, tmp_path / "in")
     assert results["one part"] == results["five parts"] == results["first match"] == planted
+    assert results["folded part by part"] == planted
+    stats = [
+        json.loads((tmp_path / n / "stats.json").read_text())["total"]
+        for n in ("five parts", "folded part by part")
+    ]
+    assert stats[0] == stats[1]
     assert len(list((tmp_path / "five parts" / ".work" / "bands").glob("*.npy"))) == 5 * 10  # exact + 9 bands
 
 
