@@ -37,7 +37,7 @@ Output:
 
 Memory: a signing task holds a batch of about 4 MB of text; a band part, 16 bytes per document of
 its part and the signatures of its candidates; the step's process, a count per shard, the
-documents that have duplicates (16 bytes each) and one band part's pairs at a time. With
+documents that have duplicates (16 bytes each) and the pairs not yet folded in (about as many). With
 `documents=` (a planning hint, not versioned) `drydock plan` states these for the corpus.
 first_match holds every signature in the step's process (512 bytes per document at 128).
 """
