@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pipeline import Resources, Step, StepDeclarationError, executor_main
@@ -219,14 +219,16 @@ def _one_training_at_a_time(argv: list[str]) -> list[str]:
     return argv
 
 
-if __name__ == "__main__":
+def main(build_sweep: Callable[[], list[Step]], description: str) -> None:
+    """Run a sweep from the command line: a grid that cannot be declared is one sentence and exit
+    2; on the local backend, one training at a time unless the command line says otherwise."""
     try:
-        sweep = build()
+        sweep = build_sweep()
     except StepDeclarationError as e:  # an edited grid that cannot run: one sentence, exit 2
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    executor_main(
-        sweep,
-        description="scaling sweep: fit L(N, D) on tiny MoEs, predict and measure a larger one",
-        argv=_one_training_at_a_time(sys.argv[1:]),
-    )
+    executor_main(sweep, description=description, argv=_one_training_at_a_time(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main(build, "scaling sweep: fit L(N, D) on tiny MoEs, predict and measure a larger one")

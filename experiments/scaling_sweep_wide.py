@@ -17,10 +17,7 @@ mixture is sized for 2,000 steps, which reads the demo corpus's prose component 
 
 from __future__ import annotations
 
-import sys
-
-from experiments.scaling_sweep import _one_training_at_a_time, build
-from pipeline import StepDeclarationError, executor_main
+from experiments.scaling_sweep import build, main
 
 SIZES = (32, 48, 64, 96, 128)
 BUDGETS = (500, 1000, 2000)
@@ -35,13 +32,4 @@ def wide() -> list:
 
 
 if __name__ == "__main__":
-    try:
-        sweep = wide()
-    except StepDeclarationError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    executor_main(
-        sweep,
-        description="the scaling sweep widened: d32-d128 at 500-2,000 steps predicting d192",
-        argv=_one_training_at_a_time(sys.argv[1:]),
-    )
+    main(wide, "the scaling sweep widened: d32-d128 at 500-2,000 steps predicting d192")

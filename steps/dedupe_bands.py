@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from steps.minhash import mix
+
 __all__ = ["EXACT", "Removed", "band_pairs", "bucket_pairs", "components", "lsh_bands", "merge", "removals"]
 
 EXACT = -1
@@ -65,21 +67,13 @@ def lsh_bands(threshold: float, num_perm: int) -> tuple[int, int]:
     return int(b[best]), int(r[best])
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
-    x = x ^ (x >> _U64(30))
-    x = x * _U64(0xBF58476D1CE4E5B9)
-    x = x ^ (x >> _U64(27))
-    x = x * _U64(0x94D049BB133111EB)
-    return x ^ (x >> _U64(31))
-
-
 def band_keys(minhash: np.ndarray, band: int, rows: int) -> np.ndarray:
     """A 64-bit key per document for signature values band*rows .. band*rows + rows - 1."""
     values = minhash[:, band * rows : (band + 1) * rows].astype(_U64)
     key = np.zeros(len(minhash), dtype=_U64)
     for column in range(rows):  # a polynomial in the values, mod 2^64
         key = key * _BAND_BASE + values[:, column]
-    return _mix(key + _U64(band + 1))
+    return mix(key + _U64(band + 1))
 
 
 def bucket_pairs(keys: np.ndarray, index: np.ndarray) -> np.ndarray:

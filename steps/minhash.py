@@ -34,7 +34,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["BATCH_BYTES", "ngram_hashes", "signatures"]
+__all__ = ["BATCH_BYTES", "mix", "ngram_hashes", "signatures"]
 
 BATCH_BYTES = 4 << 20
 """Text hashed at once: the prefix sums take about 40 bytes per byte of text (160 MiB a batch)."""
@@ -47,8 +47,8 @@ _DENSIFY_SEED = 0x5EED  # the empty bins' probe sequences: fixed, so every run d
 _MAX_PROBES = 4096
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer: every output bit depends on every input bit."""
+def mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer (uint64 arrays): every output bit depends on every input bit."""
     x = x ^ (x >> _U64(30))
     x = x * _U64(0xBF58476D1CE4E5B9)
     x = x ^ (x >> _U64(27))
@@ -98,7 +98,7 @@ def ngram_hashes(texts: Sequence[str], ngram: int, *, short: bool = True) -> tup
     # Bytes count from 1, so that a zero byte still adds to the hash; the length separates words
     # whose bytes sum alike.
     words = _span_hashes(data.astype(_U64) + _U64(1), word_starts, word_ends, _WORD_BASE)
-    words = _mix(words + (word_ends - word_starts).astype(_U64) * _LENGTH)
+    words = mix(words + (word_ends - word_starts).astype(_U64) * _LENGTH)
     # Text t's words are those after its t-th newline: the newlines among the cuts.
     newline = data[cuts] == ord("\n")
     first_word = np.concatenate(([0], np.flatnonzero(newline) + 1))
@@ -117,7 +117,7 @@ def ngram_hashes(texts: Sequence[str], ngram: int, *, short: bool = True) -> tup
     starts = first_word[owner] + (np.arange(len(owner)) - first_gram[owner])
     lengths = np.minimum(ngram, num_words)[owner]
     grams = _span_hashes(words.copy(), starts, starts + lengths, _GRAM_BASE)
-    return _mix(grams + lengths.astype(_U64) * _LENGTH), first_gram
+    return mix(grams + lengths.astype(_U64) * _LENGTH), first_gram
 
 
 def _probes(num_perm: int) -> np.ndarray:
