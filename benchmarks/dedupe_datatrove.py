@@ -18,7 +18,7 @@ Each contestant runs in a process of its own, one after the other, on one core:
 
 datatrove is not a dependency of the project: give a Python that has it.
 
-    python3.11 -m venv /tmp/dt && /tmp/dt/bin/pip install datatrove==0.10.1 xxhash
+    python3.11 -m venv /tmp/dt && /tmp/dt/bin/pip install "datatrove[processing]==0.10.1" orjson
     .venv/bin/python benchmarks/dedupe_datatrove.py --datatrove-python /tmp/dt/bin/python
 
 Prints, per contestant, MB of text per second for the signature pass and for the whole job, the
