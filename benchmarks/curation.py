@@ -6,12 +6,12 @@ seed of its own, so that the copies are not duplicates of each other (a corpus o
 measure the exact-duplicate shortcut, not the MinHash work); sizes and word counts are the
 demo's. Everything runs in this process on one core:
 
-  dedupe         steps.dedupe.dedupe as dedupe_step declares it: read, normalize, hash,
+  dedupe         steps.data.dedupe.dedupe as dedupe_step declares it: read, normalize, hash,
                  one-permutation MinHash (128 values, 5-grams), the components pass over the LSH
                  bands, write the kept shards and stats
   dedupe (first) the same with the passes as first written (minhash="datasketch",
                  grouping="first_match"): datasketch per document, the LSH pass in one process
-  decontaminate  steps.decontaminate.decontaminate against the demo's validation files and task
+  decontaminate  steps.data.decontaminate.decontaminate against the demo's validation files and task
                  rows (13-grams): index the evaluation data, scan, write the kept shards
   tokenize raw   Tokenizer.encode_batch on one thread over the documents in memory (the ceiling
                  of the tokenize step; RAYON_RS_NUM_CPUS=1)
@@ -79,8 +79,8 @@ def main() -> None:
 
     from tokenizers import Tokenizer
 
-    from steps.decontaminate import DecontaminateConfig, decontaminate
-    from steps.dedupe import DedupeConfig, dedupe
+    from steps.data.decontaminate import DecontaminateConfig, decontaminate
+    from steps.data.dedupe import DedupeConfig, dedupe
 
     workdir = Path(tempfile.mkdtemp(prefix="drydock-bench-curation-"))
     try:

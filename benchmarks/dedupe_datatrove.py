@@ -7,7 +7,7 @@ case) and as many near copies (one word appended: a Jaccard similarity of about 
 
 Each contestant runs in a process of its own, one after the other, on one core:
 
-  drydock <minhash>  steps.dedupe.dedupe with minhash=one_permutation (the default) or
+  drydock <minhash>  steps.data.dedupe.dedupe with minhash=one_permutation (the default) or
                      datasketch: the signature pass alone, then the whole step
   datatrove          datatrove 0.10's MinhashDedupSignature, MinhashDedupBuckets,
                      MinhashDedupCluster and MinhashDedupFilter on a LocalPipelineExecutor
@@ -100,7 +100,7 @@ def plant(texts: list[str], workdir: Path, count: int) -> set[tuple[str, int]]:
 
 def removed_by_drydock(inputs: Path, output: Path) -> set[tuple[str, int]]:
     """(file, index) of every input record missing from the step's kept output."""
-    from steps.shards import shard_texts
+    from steps.data.shards import shard_texts
 
     kept_files = {p.name: p for p in output.glob("data/**/*.jsonl")}
     removed = set()
@@ -122,7 +122,7 @@ def peak_rss_mb() -> float:
 
 
 def drydock_child(minhash: str, inputs: Path, work: Path) -> None:
-    from steps.dedupe import DedupeConfig, _shards, _signatures, dedupe
+    from steps.data.dedupe import DedupeConfig, _shards, _signatures, dedupe
 
     signing = DedupeConfig(inputs=[str(inputs)], output=str(work / "signatures"), minhash=minhash)
     started = time.perf_counter()

@@ -5,7 +5,7 @@
 Trains the tiny MoE (100 steps, batch 8 x 64 tokens, checkpoints every 10 steps) four ways, each
 in its own `drydock run` on a fresh prefix: on clean data, and with steps 60-65 reading nothing
 but random characters under `warn`, `skip` and `rewind` (the experiment of
-`tests/steps/test_spike_recovery.py`). Prints per run the mean training loss of the last 10 steps,
+`tests/steps/training/test_spike_recovery.py`). Prints per run the mean training loss of the last 10 steps,
 its distance from the clean run, the interventions counted in train_result.json, and the
 training's wall time (so the cost of a rewind), with the load average; asserts nothing.
 """
@@ -37,8 +37,8 @@ RUNS = (
 
 
 def train(tmp: Path, name: str, corrupt: bool, policy: dict) -> dict:
-    from steps.metrics import read_metrics
-    from tests.steps.test_spike_recovery import write_experiment
+    from steps.training.metrics import read_metrics
+    from tests.steps.training.test_spike_recovery import write_experiment
 
     exp = write_experiment(tmp, name, corrupt=corrupt, policy=policy)
     prefix = tmp / f"{name}-prefix"

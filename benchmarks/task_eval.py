@@ -38,10 +38,16 @@ def main() -> int:
         print(f"no tiny MoE training under {args.prefix}: run `make run` first", file=sys.stderr)
         return 2
     os.environ.setdefault("MARIN_PREFIX", tempfile.mkdtemp(prefix="bench-marin-"))
-    from steps.checkpoints import checkpoints_dir, latest_checkpoint
-    from steps.demo_tasks import DEMO_TASKS
-    from steps.eval_tasks import check_tasks
-    from steps.task_eval import TaskEvalConfig, _build_tasks, _Evaluator, _local_task_files, _offline
+    from steps.evaluation.demo_tasks import DEMO_TASKS
+    from steps.evaluation.eval_tasks import check_tasks
+    from steps.evaluation.task_eval import (
+        TaskEvalConfig,
+        _build_tasks,
+        _Evaluator,
+        _local_task_files,
+        _offline,
+    )
+    from steps.training.checkpoints import checkpoints_dir, latest_checkpoint
 
     train = trains[-1]
     checkpoint, step = latest_checkpoint(checkpoints_dir(train))

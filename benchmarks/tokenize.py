@@ -5,7 +5,7 @@ The corpus is the committed demo corpus (data/corpus, both domains, train split)
 three use the same `tokenizers` tokenizer (data/tokenizer) on the same cores:
 
   raw       Tokenizer.encode_batch over the documents already in memory (the practical ceiling)
-  step      steps.tokenize.tokenize: read jsonl, encode, write the Levanter cache, ledgers, stats
+  step      steps.data.tokenize.tokenize: read jsonl, encode, write the Levanter cache, ledgers, stats
   levanter  levanter.data.text.build_lm_dataset_cache on the same files
 
     .venv/bin/python benchmarks/tokenize.py [--repeat 8] [--skip-levanter] [--out results.json]
@@ -58,7 +58,7 @@ def bench_raw(docs: list[str], tokenizer_dir: Path) -> tuple[float, int]:
 
 
 def bench_step(files: list[Path], tokenizer_dir: Path, workdir: Path) -> tuple[float, int]:
-    from steps.tokenize import TokenizeConfig, tokenize
+    from steps.data.tokenize import TokenizeConfig, tokenize
 
     out = workdir / "step-out"
     start = time.perf_counter()

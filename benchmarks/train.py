@@ -43,8 +43,8 @@ BATCH, SEQ = 8, 128
 def prepare(prefix: str) -> str:
     """Tokenize the demo corpus and build a mixture (cached in `prefix`); return the mixture output."""
     from pipeline import ExecutorMainConfig, run_experiment
-    from steps.mixture import mixture_step
-    from steps.tokenize import tokenize_step
+    from steps.data.mixture import mixture_step
+    from steps.data.tokenize import tokenize_step
 
     parts = {
         d: tokenize_step(
@@ -71,10 +71,10 @@ def prepare(prefix: str) -> str:
 
 def child(mode: str, data: str, steps: int, out: str) -> None:
     """One training run (in its own process); prints the wall time of each step's loss log."""
-    from steps.levanter_config import levanter_train_config
-    from steps.mixture import load_data_config
-    from steps.moe import TINY_MOE, to_levanter
-    from steps.train_moe import TrainMoeConfig, train_moe
+    from steps.data.mixture import load_data_config
+    from steps.training.levanter_config import levanter_train_config
+    from steps.training.models import TINY_MOE, to_levanter
+    from steps.training.train_moe import TrainMoeConfig, train_moe
 
     config = TrainMoeConfig(
         data=data,

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from experiments.tiny_moe import BATCH_SIZE, ROOT, SEQ_LEN, mixture, model
 from pipeline import Resources, executor_main, grid, sweep
-from steps.demo_tasks import DEMO_TASKS
-from steps.evaluate import evaluate_step
-from steps.task_eval import task_eval_step
-from steps.train_moe import OptimizerSpec, train_moe_step
+from steps.evaluation.demo_tasks import DEMO_TASKS
+from steps.evaluation.evaluate import evaluate_step
+from steps.evaluation.task_eval import task_eval_step
+from steps.training.train_moe import OptimizerSpec, train_moe_step
 
 RATES = [1e-3, 3e-3, 1e-2]
 NUM_STEPS = 160

@@ -16,7 +16,7 @@ z-loss 1e-4; vocabulary 128,256; sequence 4,096; batch 11,264; 390,251 steps (18
 data switching at step 108,000 and cooldown weights from step 312,192; linear decay to 0.05 of
 the peak after about 1% warm-up; GB200 GPU racks.
 
-This declaration, in Drydock's own MoE family (`steps.drydock_moe`, built for this architecture:
+This declaration, in Drydock's own MoE family (`steps.training.drydock_moe`, built for this architecture:
 Levanter's Qwen3-MoE has no shared experts, no working sliding window and one KV-head count):
 hidden 6144, 48 layers, 48 query heads of 128 with QK norm; local layers see a window of 2,048
 tokens with 12 KV heads, every 4th layer is global with 6; 384 routed experts, top-8, and 2 shared
@@ -38,7 +38,7 @@ and shared 3,264 (a multiple of 64).
 Every remaining difference from the published run:
   * the data components and their weights are placeholders with the original's structure: three
     phases, switching at the published steps. Each is a raw dataset declared by name and version
-    (`steps.sources.raw_dataset`) at two mirror locations, DRYDOCK_535B_DATA and
+    (`steps.data.sources.raw_dataset`) at two mirror locations, DRYDOCK_535B_DATA and
     DRYDOCK_535B_DATA_MIRROR; moving the data between them keeps every identity;
   * each component's training files are deduplicated and decontaminated before tokenizing, as
     steps of their own. Dedupe's global pass is sharded: 10 LSH passes (9 bands and the exact one)
@@ -60,7 +60,7 @@ device), computing in bfloat16. `drydock plan` shows, offline:
     time               40 days at 40% MFU
 
 (memory: 16 bytes per parameter held, the residual stream of each of the 48 layers, one layer's
-working set, the float32 logits: `steps/estimates.py`; time: 6 x 22.70B active parameters x 18.0T
+working set, the float32 logits: `steps/training/estimates.py`; time: 6 x 22.70B active parameters x 18.0T
 tokens / (704 x 2.5 PFLOP/s x 0.4)). The published run took about three months, an MFU nearer 0.15.
 
 Tokenization runs on CPU hosts.
@@ -74,18 +74,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pipeline import Resources, Step, executor_main
-from steps.decontaminate import decontaminate_step
-from steps.dedupe import dedupe_step
-from steps.evaluate import evaluate_step
-from steps.mixture import mixture_step
-from steps.moe import MoeModelConfig
-from steps.prediction import predicted_by
-from steps.scaling import ScalingPoint, scaling_fit_step, scaling_point
-from steps.sources import RawDataset, raw_dataset
-from steps.spikes import Stability
-from steps.task_eval import task_eval_step
-from steps.tokenize import tokenize_step
-from steps.train_moe import MeshSpec, OptimizerSpec, train_moe_step
+from steps.data.decontaminate import decontaminate_step
+from steps.data.dedupe import dedupe_step
+from steps.data.mixture import mixture_step
+from steps.data.sources import RawDataset, raw_dataset
+from steps.data.tokenize import tokenize_step
+from steps.evaluation.evaluate import evaluate_step
+from steps.evaluation.task_eval import task_eval_step
+from steps.scaling.prediction import predicted_by
+from steps.scaling.scaling_fit import ScalingPoint, scaling_fit_step, scaling_point
+from steps.training.models import MoeModelConfig
+from steps.training.spikes import Stability
+from steps.training.train_moe import MeshSpec, OptimizerSpec, train_moe_step
 
 DATA = os.environ.get("DRYDOCK_535B_DATA", "gs://your-bucket/raw")
 DATA_MIRROR = os.environ.get("DRYDOCK_535B_DATA_MIRROR", "gs://your-bucket-eu/raw")

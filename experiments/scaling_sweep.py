@@ -44,12 +44,12 @@ from typing import Any
 
 from pipeline import Resources, Step, StepDeclarationError, executor_main
 from pipeline.run.options import parse_options
-from steps.evaluate import evaluate_step
-from steps.mixture import mixture_step
-from steps.moe import MoeModelConfig, tiny_moe
-from steps.scaling import scaling_fit_step, scaling_point
-from steps.tokenize import tokenize_step
-from steps.train_moe import OptimizerSpec, train_moe_step
+from steps.data.mixture import mixture_step
+from steps.data.tokenize import tokenize_step
+from steps.evaluation.evaluate import evaluate_step
+from steps.scaling.scaling_fit import scaling_fit_step, scaling_point
+from steps.training.models import MoeModelConfig, tiny_moe
+from steps.training.train_moe import OptimizerSpec, train_moe_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKENIZER = "data/tokenizer"

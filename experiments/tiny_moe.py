@@ -21,15 +21,15 @@ from __future__ import annotations
 import os
 
 from pipeline import Resources, executor_main
-from steps.decontaminate import decontaminate_step
-from steps.dedupe import dedupe_step
-from steps.demo_tasks import DEMO_TASKS
-from steps.evaluate import evaluate_step
-from steps.mixture import mixture_step
-from steps.moe import TINY_MOE
-from steps.task_eval import task_eval_step
-from steps.tokenize import tokenize_step
-from steps.train_moe import OptimizerSpec, train_moe_step
+from steps.data.decontaminate import decontaminate_step
+from steps.data.dedupe import dedupe_step
+from steps.data.mixture import mixture_step
+from steps.data.tokenize import tokenize_step
+from steps.evaluation.demo_tasks import DEMO_TASKS
+from steps.evaluation.evaluate import evaluate_step
+from steps.evaluation.task_eval import task_eval_step
+from steps.training.models import TINY_MOE
+from steps.training.train_moe import OptimizerSpec, train_moe_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKENIZER = "data/tokenizer"
@@ -78,7 +78,7 @@ mixture = mixture_step(
     max_epochs=2,
 )
 
-model = TINY_MOE  # a 2-layer Qwen3-MoE of width 64: 4 experts, top-2 (steps/moe.py)
+model = TINY_MOE  # a 2-layer Qwen3-MoE of width 64: 4 experts, top-2 (steps/training/models.py)
 
 train = train_moe_step(
     "train/tiny-qwen3-moe",

@@ -144,7 +144,7 @@ TASKS = {
 
 def write_rows(out: Path) -> list[Path]:
     """Write every task's rows under `out`; return the files written."""
-    from steps.eval_tasks import registry_leaves
+    from steps.evaluation.eval_tasks import registry_leaves
 
     written = []
 

@@ -11,7 +11,7 @@
     data/tasks/stories/fewshot.jsonl  16 more, from the training set
 
 Each row is {"query", "choices", "gold"} (gold: the index of the right choice); the tasks are
-declared in `steps/demo_tasks.py`. Chance is 1/4 for both. The rows depend only on the corpus and
+declared in `steps/evaluation/demo_tasks.py`. Chance is 1/4 for both. The rows depend only on the corpus and
 the seed: rerunning writes byte-identical files.
 """
 

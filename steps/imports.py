@@ -31,8 +31,12 @@ LEVANTER_MODELS = (
     "levanter.main.train_lm",
     "levanter.models.mixtral",
     "levanter.models.qwen3_moe",
-    "steps.drydock_moe",
-    "steps.training_hooks",
+    "steps.training.drydock_moe",
+    "steps.training.tracker",
+    "steps.training.checkpointer",
+    "steps.training.levanter_fixes",
+    "steps.training.router_stats",
+    "steps.training.rewinds",
 )
 """What the steps that build, train or load a model use: training, evaluation, task scores, and
 counting a drydock_moe model's parameters."""

@@ -5,7 +5,7 @@ import os
 import tempfile
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-# Local input hashes (steps.sources) are cached here, not under ~/.cache.
+# Local input hashes (steps.data.sources) are cached here, not under ~/.cache.
 os.environ.setdefault("DRYDOCK_CACHE_DIR", tempfile.mkdtemp(prefix="drydock-test-cache-"))
 # JAX's persistent compilation cache, shared by every process the tests start (a training's
 # `drydock run`, each host of a gang, Ray workers): dozens of tests train the same tiny models,

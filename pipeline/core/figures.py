@@ -2,7 +2,7 @@
 wrote), for `drydock status` and the dashboard: from any machine that sees the prefix.
 
 The engine knows nothing of training; these are the keys of `.progress` data that a training
-step reports beside `loss` (`steps.training_hooks.JsonlTracker`) and that are worth a column.
+step reports beside `loss` (`steps.training.tracker.JsonlTracker`) and that are worth a column.
 Pure functions, no I/O.
 """
 
@@ -33,7 +33,7 @@ INTERVENTION_NAMES = {
     "rewinds": ("rewind", "rewinds"),
     "batches_skipped": ("batch skipped", "batches skipped"),
 }
-"""How a training's `interventions` counters are named, one and many (see `steps.spikes`)."""
+"""How a training's `interventions` counters are named, one and many (see `steps.training.spikes`)."""
 
 
 def live_figures(progress: Mapping[str, Any], now: float) -> dict[str, Any]:

@@ -5,7 +5,7 @@ config in a reversible JSON form, so `drydock rerun MANIFEST` can rebuild the DA
 experiment file: every dataclass, enum, tuple, placeholder and `versioned` marker comes back as
 it was, so the rebuilt steps have the identities the manifest lists.
 
-    {"__dataclass__": "steps.train_moe:TrainMoeConfig", "fields": {...}}
+    {"__dataclass__": "steps.training.train_moe:TrainMoeConfig", "fields": {...}}
     {"__versioned__": 3}      {"__output_of__": "tokenized/x-0123abcd4567", "ref": "label", "sub": ...}
     {"__this_output__": null} {"__tuple__": [...]}  {"__enum__": "mod:Cls", "value": ...}
     {"__float__": "nan"}      {"__dict__": {...}}   (a dict whose keys could be mistaken for markers)

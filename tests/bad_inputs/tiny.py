@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from steps.mixture import mixture_step
-from steps.moe import TINY_MOE
-from steps.tokenize import tokenize_step
-from steps.train_moe import OptimizerSpec, train_moe_step
+from steps.data.mixture import mixture_step
+from steps.data.tokenize import tokenize_step
+from steps.training.models import TINY_MOE
+from steps.training.train_moe import OptimizerSpec, train_moe_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -13,7 +13,7 @@ from typing import Any
 from levanter.data.dataset import AsyncDataset
 
 from pipeline import current_gang, step_function
-from steps.train_moe import TRAINING_PACE, TrainMoeConfig, train_moe
+from steps.training.train_moe import TRAINING_PACE, TrainMoeConfig, train_moe
 
 
 class _Poisoned(AsyncDataset):
@@ -58,7 +58,7 @@ def poisoned_train(config: PoisonedTrainConfig) -> dict[str, Any]:
     """`train_moe`, with a NaN planted in one process's share of one data batch: the gang's
     loss at that step is NaN for every process, and the spike policy must rewind them all."""
     if current_gang().index == config.process:
-        import steps.mixture as mixture
+        import steps.data.mixture as mixture
 
         load = mixture.load_data_config
 
@@ -98,7 +98,7 @@ def hanging_train(config: HangingTrainConfig) -> dict[str, Any]:
     """`train_moe`, in which one process of the gang, once, stops at a step's loss instead of
     entering the collective the others wait in: the hang a real pod shows when one host is stuck."""
     if current_gang().index == config.process and not os.path.exists(config.marker):
-        import steps.training_hooks as hooks
+        import steps.training.tracker as hooks
 
         decide = hooks.decide_together
 

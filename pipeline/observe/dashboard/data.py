@@ -8,9 +8,9 @@ about HTTP. Formats read:
     <prefix>/<label>/.status, .lease, .step.json    the commit protocol (`pipeline.storage.files`)
     <prefix>/<label>/.progress                       a running step's last report (`step_events.progress`)
     <prefix>/<label>/.logs/attempt-<token>*.log      the Ray backend's copy of a step's output
-    <prefix>/<label>/metrics.jsonl                   train_moe's per-step metrics (steps.training_hooks)
-    <prefix>/<label>/results.json                    evaluate's results (steps.evaluate)
-    <prefix>/<label>/curve.json                      an evaluation's curve by checkpoint (steps.follow)
+    <prefix>/<label>/metrics.jsonl                   train_moe's per-step metrics (steps.training.tracker)
+    <prefix>/<label>/results.json                    evaluate's results (steps.evaluation.evaluate)
+    <prefix>/<label>/curve.json                      a curve by checkpoint (steps.evaluation.follow)
     SUCCESS `metrics` in .status                     what `pipeline.observe.compare` compares
 
 The step library's formats are read by path and JSON only: `pipeline` never imports `steps`.

@@ -1,7 +1,7 @@
 """What a training's run page gathers beside its loss: what operators otherwise assemble from a
 status command, the logs of every host, the metrics file and the alerts channel.
 
-    prediction   <step>/prediction.json (steps.prediction's format): the predicted eval-loss curve
+    prediction   <step>/prediction.json (steps.scaling.prediction's format): the predicted eval-loss curve
                  and its band, and every evaluation so far placed on it
     hosts        the latest attempt's pulses (`.logs/attempt-<T>[-host-<h>].pulse`, pipeline.run.pulse):
                  per host, where it runs, how long since its last pulse and since its last progress
@@ -78,7 +78,7 @@ def read_run_page(
 
 
 def _curve_at(points: Sequence[Sequence[float]], step: float) -> tuple[float, float, float] | None:
-    """(loss, low, high) at `step`, log-linear between points (as steps.prediction.Curve.at)."""
+    """(loss, low, high) at `step`, log-linear between points (as steps.scaling.prediction.Curve.at)."""
     steps = [p[0] for p in points]
     if not points or step < steps[0] or step > steps[-1]:
         return None

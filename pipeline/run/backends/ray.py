@@ -144,7 +144,7 @@ def _call_step(
 
 REGION_LABEL = "region"
 """The Ray node label naming the node's region (`ray start --labels '{"region": "us-central1"}'`):
-steps on it read the mirror of a raw dataset in that region (`steps.sources`)."""
+steps on it read the mirror of a raw dataset in that region (`steps.data.sources`)."""
 
 
 def _region_from_node() -> None:

@@ -3,7 +3,7 @@
 # expect: step 'dedupe/web', field `band_parts`: band_parts must be a positive integer, got 0
 # args:
 from pipeline import executor_main
-from steps.dedupe import dedupe_step
+from steps.data.dedupe import dedupe_step
 
 step = dedupe_step("dedupe/web", inputs=["web/*.jsonl"], band_parts=0)
 

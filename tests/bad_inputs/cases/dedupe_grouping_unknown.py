@@ -3,7 +3,7 @@
 # expect: field `grouping`: grouping must be one of components, first_match, got 'union_find'
 # args:
 from pipeline import executor_main
-from steps.dedupe import dedupe_step
+from steps.data.dedupe import dedupe_step
 
 step = dedupe_step("dedupe/web", inputs=["web/*.jsonl"], grouping="union_find")
 

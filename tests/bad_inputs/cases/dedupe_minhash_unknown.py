@@ -3,7 +3,7 @@
 # expect: step 'dedupe/web', field `minhash`: minhash must be one of one_permutation, datasketch, got 'rensa'
 # args:
 from pipeline import executor_main
-from steps.dedupe import dedupe_step
+from steps.data.dedupe import dedupe_step
 
 step = dedupe_step("dedupe/web", inputs=["web/*.jsonl"], minhash="rensa")
 

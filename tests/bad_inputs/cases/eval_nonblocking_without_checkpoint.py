@@ -3,8 +3,8 @@
 # expect: step 'evaluate/x', field `blocking`: blocking=False evaluates a training that is still going
 # args:
 from pipeline import executor_main
-from steps.evaluate import evaluate_step
-from tests.steps.test_follow import tiny_training
+from steps.evaluation.evaluate import evaluate_step
+from tests.steps.evaluation.test_follow import tiny_training
 
 train = tiny_training()
 evaluation = evaluate_step("evaluate/x", train=train, data=train, seq_len=64, blocking=False)

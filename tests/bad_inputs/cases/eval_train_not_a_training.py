@@ -3,7 +3,7 @@
 # expect: step 'tasks/x', field `train`: give a train_moe step
 # args:
 from pipeline import Step, executor_main, this_output
-from steps.task_eval import task_eval_step
+from steps.evaluation.task_eval import task_eval_step
 from tests.pipeline.stepfns import WriteConfig, write_value
 
 data = Step("data/x", write_value, WriteConfig(this_output()))

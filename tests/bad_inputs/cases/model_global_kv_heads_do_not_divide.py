@@ -5,7 +5,7 @@
 import dataclasses
 
 from pipeline import executor_main
-from steps.moe import TINY_MOE
+from steps.training.models import TINY_MOE
 from tests.bad_inputs.tiny import train
 
 model = dataclasses.replace(

@@ -6,9 +6,9 @@ as always wrong)."""
 import os
 
 from pipeline import executor_main
-from steps.eval_tasks import inline_task
-from steps.task_eval import task_eval_step
-from tests.steps.test_follow import tiny_training
+from steps.evaluation.eval_tasks import inline_task
+from steps.evaluation.task_eval import task_eval_step
+from tests.steps.evaluation.test_follow import tiny_training
 
 sums = inline_task(
     "sums",

@@ -3,9 +3,9 @@
 # expect: step 'tasks/x', field `tasks[0] (sums).doc_to_choice`: an inline multiple_choice task
 # args:
 from pipeline import executor_main
-from steps.eval_tasks import inline_task
-from steps.task_eval import task_eval_step
-from tests.steps.test_follow import tiny_training
+from steps.evaluation.eval_tasks import inline_task
+from steps.evaluation.task_eval import task_eval_step
+from tests.steps.evaluation.test_follow import tiny_training
 
 sums = inline_task(
     "sums", {"test": "data/tasks/sums/test.jsonl"}, doc_to_text="{{query}}", doc_to_target="{{gold}}"

@@ -5,8 +5,8 @@
 import dataclasses
 
 from pipeline import executor_main
-from steps.demo_tasks import demo_task
-from steps.task_eval import task_eval_step
+from steps.evaluation.demo_tasks import demo_task
+from steps.evaluation.task_eval import task_eval_step
 from tests.bad_inputs.tiny import ROOT, train
 
 task = dataclasses.replace(demo_task("sums"), doc_to_text="{{ query.__class__ }}")

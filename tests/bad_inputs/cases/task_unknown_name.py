@@ -3,8 +3,8 @@
 # expect: step 'tasks/x', field `tasks[1] (hellaswog)`: lm-eval has no task 'hellaswog'; did you mean
 # args:
 from pipeline import executor_main
-from steps.task_eval import task_eval_step
-from tests.steps.test_follow import tiny_training
+from steps.evaluation.task_eval import task_eval_step
+from tests.steps.evaluation.test_follow import tiny_training
 
 tasks = task_eval_step("tasks/x", train=tiny_training(), tasks=["piqa", "hellaswog:10"])
 

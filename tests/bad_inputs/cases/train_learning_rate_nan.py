@@ -3,7 +3,7 @@
 # expect: step 'train/tiny', field `optimizer.learning_rate`: must be a positive finite number, got nan
 # args:
 from pipeline import executor_main
-from steps.train_moe import OptimizerSpec
+from steps.training.train_moe import OptimizerSpec
 from tests.bad_inputs.tiny import train
 
 step = train(OptimizerSpec(learning_rate=float("nan")))

@@ -3,7 +3,7 @@
 # expect: step 'train/tiny', field `mesh.expert`: 4 experts do not split over an expert axis of 8
 # args:
 from pipeline import Resources, executor_main
-from steps.mesh import MeshSpec
+from steps.training.mesh import MeshSpec
 from tests.bad_inputs.tiny import train
 
 step = train(mesh=MeshSpec(expert=8), resources=Resources(gpus=8, accelerator="H100"))

@@ -3,9 +3,9 @@
 # expect: step 'train/tiny', field `prediction`: 'scaling/ladder' predicts 'd128' (N=
 # args:
 from pipeline import executor_main
-from steps.moe import tiny_moe
-from steps.prediction import predicted_by
-from steps.scaling import ScalingPoint, scaling_fit_step
+from steps.scaling.prediction import predicted_by
+from steps.scaling.scaling_fit import ScalingPoint, scaling_fit_step
+from steps.training.models import tiny_moe
 from tests.bad_inputs.tiny import train
 
 ladder = scaling_fit_step(

@@ -3,7 +3,7 @@
 # expect: field `keep_checkpoints`: keeps 1 checkpoint, but spike_policy rewind needs at least 2
 # args:
 from pipeline import executor_main
-from steps.spikes import SpikePolicy
+from steps.training.spikes import SpikePolicy
 from tests.bad_inputs.tiny import train
 
 step = train(spike_policy=SpikePolicy(action="rewind"), keep_checkpoints=1)

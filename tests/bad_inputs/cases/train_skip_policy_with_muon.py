@@ -3,7 +3,7 @@
 # expect: step 'train/tiny', field `spike_policy.action`: Levanter's Muon has no skip-step wrapper
 # args:
 from pipeline import executor_main
-from steps.train_moe import OptimizerSpec, SpikePolicy
+from steps.training.train_moe import OptimizerSpec, SpikePolicy
 from tests.bad_inputs.tiny import train
 
 step = train(OptimizerSpec(name="muon"), spike_policy=SpikePolicy(action="skip"))

@@ -3,7 +3,7 @@
 # expect: step 'train/tiny', field `spike_policy.action`: unknown 'restart'
 # args:
 from pipeline import executor_main
-from steps.train_moe import SpikePolicy
+from steps.training.train_moe import SpikePolicy
 from tests.bad_inputs.tiny import train
 
 step = train(spike_policy=SpikePolicy(action="restart"))

@@ -3,7 +3,7 @@
 # expect: field `stability.clip_update_sigma`: Levanter cannot clip by RMS and by norm history
 # args:
 from pipeline import executor_main
-from steps.train_moe import Stability
+from steps.training.train_moe import Stability
 from tests.bad_inputs.tiny import train
 
 step = train(stability=Stability(update_rms_clipping=1.0, clip_update_sigma=3.0))

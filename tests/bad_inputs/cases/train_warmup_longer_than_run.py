@@ -3,7 +3,7 @@
 # expect: step 'train/tiny', field `optimizer.warmup`: 200 warm-up steps is not shorter than the run
 # args:
 from pipeline import executor_main
-from steps.train_moe import OptimizerSpec
+from steps.training.train_moe import OptimizerSpec
 from tests.bad_inputs.tiny import train
 
 step = train(OptimizerSpec(warmup=200))

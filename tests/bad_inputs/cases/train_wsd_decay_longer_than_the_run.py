@@ -3,7 +3,7 @@
 # expect: field `optimizer.decay`: warm-up (0.5) and decay (0.6) together are longer than the run (100 steps)
 # args:
 from pipeline import executor_main
-from steps.train_moe import OptimizerSpec
+from steps.training.train_moe import OptimizerSpec
 from tests.bad_inputs.tiny import train
 
 step = train(OptimizerSpec(warmup=0.5, decay=0.6))

@@ -395,7 +395,7 @@ def test_engine_imports_no_ml_library(tmp_path):
         ),
         ("def broken(:\n    pass\n", "SyntaxError: invalid syntax"),
         (
-            "from steps.train_moe import OptimizerSpec\n\nOptimizerSpec(learning_rat=3e-3)\n",
+            "from steps.training.train_moe import OptimizerSpec\n\nOptimizerSpec(learning_rat=3e-3)\n",
             "TypeError: OptimizerSpec.__init__() got an unexpected keyword argument 'learning_rat' (FILE:3)",
         ),
         ("x = 1\ny = undefined_name + x\n", "NameError: name 'undefined_name' is not defined (FILE:2)"),

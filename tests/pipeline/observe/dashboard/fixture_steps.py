@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pipeline import step_function
 from pipeline.run import step_events
 from pipeline.run.pulse import pulse
-from steps.prediction import Curve
+from steps.scaling.prediction import Curve
 
 
 @dataclass(frozen=True)
@@ -62,9 +62,9 @@ def predicted_at(step: int) -> float:
 
 
 def train_tiny(config: TrainConfig) -> None:
-    """Writes metrics.jsonl as steps.training_hooks.JsonlTracker does while training runs: Levanter's
+    """Writes metrics.jsonl as steps.training.tracker.JsonlTracker does while training runs: Levanter's
     long keys, and a step's metrics spread over several lines that readers merge; prediction.json
-    as steps.prediction writes it; and keeps a pulse (pipeline.run.pulse) every 50 ms."""
+    as steps.scaling.prediction writes it; and keeps a pulse (pipeline.run.pulse) every 50 ms."""
     os.makedirs(config.output, exist_ok=True)
     context = step_events.current()
     assert context is not None, "the executor binds a step context around every step function"
@@ -147,7 +147,7 @@ class EvalConfig:
 
 
 def evaluate_tiny(config: EvalConfig) -> None:
-    """Writes results.json in steps.evaluate's format."""
+    """Writes results.json in steps.evaluation.evaluate's format."""
     with open(os.path.join(config.train, "train_result.json")) as f:
         last = json.load(f)["steps"] - 1
     sets = {}

@@ -195,7 +195,7 @@ def compared(tmp_path_factory):
     for name, rates in (("lr_low", [1e-3]), ("lr_grid", [3e-3, 3e-2])):
         config = ExecutorMainConfig(prefix=prefix, backend="local", experiment=name)
         assert run_experiment(sweep(rates), config).ok
-    # A follower's curve so far, as steps.follow writes it, in one evaluation's directory.
+    # A follower's curve so far, as steps.evaluation.follow writes it, in one evaluation's directory.
     import glob
     import json
 
@@ -207,7 +207,7 @@ def compared(tmp_path_factory):
     }
     with open(os.path.join(evaluation, "curve.json"), "w") as f:
         json.dump(curve, f)
-    # A task follower's curve: accuracy with standard errors and chance (steps.follow.curve).
+    # A task follower's curve: accuracy with standard errors and chance (steps.evaluation.follow.curve).
     for i, tasks in enumerate(sorted(glob.glob(os.path.join(prefix, "tasks", "lr*-*")))):
         scores = {
             "ylabel": "accuracy",

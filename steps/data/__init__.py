@@ -1,0 +1,1 @@
+"""Data steps: raw sources and their mirrors, dedupe, decontaminate, tokenize, mixture."""

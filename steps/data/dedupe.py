@@ -1,0 +1,548 @@
+"""The `dedupe` step: remove exact and near-duplicate documents from jsonl/parquet shards.
+
+    deduped = dedupe_step("dedupe/web", inputs=[web], threshold=0.8, num_workers=8)
+    tokenize_step("tokenized/web", train=[deduped / "data"], ...)
+
+Three passes:
+
+1. **Signatures, per shard** (fanned out with `parallel_map`: Ray tasks on a Ray worker, else
+   local processes; resumable per shard). Each document gets a hash of its normalized text
+   (Unicode NFKC, lower case, runs of whitespace as one space) and a MinHash signature of
+   `num_perm` values over its word `ngram`s: by default one-permutation MinHash with
+   densification, computed for thousands of documents at once in numpy (`steps.data.minhash`);
+   `minhash="datasketch"`, one `datasketch.MinHash` per document with `num_perm` permutations,
+   is how steps made before that were computed (their recipes still rerun it). A shard's
+   signatures are written to `.work/` under the output; a rerun after a kill reuses the
+   finished ones.
+2. **The global pass**, by default as connected components (`steps.data.dedupe_bands`): each LSH
+   band (9 bands of 13 values for 128 values at 0.8), and an exact pass over the normalized
+   texts' hashes, is split into `band_parts` parts fanned out like the shards (resumable per
+   part); documents of equal band key are paired and pairs whose estimated Jaccard similarity is
+   below `threshold` dropped. In each connected component of all the pairs the first document in
+   input order is kept, so duplicates across shards are found as well as within one.
+   `grouping="first_match"` is the pass as first written (`steps.data.dedupe_first_match`): in the
+   step's process, each document against the documents kept before it.
+3. **Kept documents, per shard** (fanned out, resumable): each shard's kept records are
+   written to `data/<name>` in the input's format and compression, byte for byte.
+
+Output:
+
+    data/<source>/<file>     the kept records; <source>/<file> is the input's location-independent
+                             name (steps.data.sources), so `output_of(step, "data")` reads them all
+    stats.json               documents and bytes in and out per source, exact and near duplicates,
+                             clusters, the parameters
+    removed_pairs.jsonl      a sample of removed documents beside the one each duplicates
+    .work/                   per-shard signatures and per-band-part pairs (kept: a rerun with
+                             --force recomputes them)
+
+Memory: a signing task holds a batch of about 4 MB of text; a band part, 16 bytes per document of
+its part and the signatures of its candidates; the step's process, a count per shard, the
+documents that have duplicates (16 bytes each) and the pairs not yet folded in (about as many). With
+`documents=` (a planning hint, not versioned) `drydock plan` states these for the corpus.
+first_match holds every signature in the step's process (512 bytes per document at 128).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import time
+import unicodedata
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pipeline import (
+    OutputOf,
+    Resources,
+    Step,
+    StepDeclarationError,
+    added_field,
+    step_events,
+    step_function,
+    this_output,
+    versioned,
+)
+from pipeline.run.parallel import parallel_map
+from steps.data.dedupe_bands import (
+    EXACT,
+    Removed,
+    band_pairs,
+    load_pairs,
+    lsh_bands,
+    merge,
+    removals,
+    save_pairs,
+)
+from steps.data.dedupe_first_match import datasketch_signer, first_match_pass
+from steps.data.minhash import BATCH_BYTES, signatures
+from steps.data.shards import ShardError, is_shard, shard_texts, write_kept
+from steps.data.sources import (
+    InputError,
+    RawDataset,
+    check_local_inputs_exist,
+    input_identity,
+    raw_listing,
+    read_files,
+)
+from steps.files import exists, read_bytes, read_json, write_file, write_json
+from steps.training.estimates import readable_bytes
+
+__all__ = ["DedupeConfig", "DedupeError", "dedupe", "dedupe_step", "normalize"]
+
+MINHASH = ("one_permutation", "datasketch")
+_FOLD_AT = 1 << 20  # pairs waiting before the components pass folds them in (16 MiB)
+GROUPING = ("components", "first_match")
+
+
+class DedupeError(ValueError):
+    """A dedupe configuration or input that cannot be used."""
+
+
+@dataclass(frozen=True)
+class DedupeConfig:
+    """Configuration of the dedupe step."""
+
+    inputs: list[Any]
+    """Shards: paths, globs or directories (relative ones under `input_root`), `RawDataset`s, or
+    `output_of` an upstream step. jsonl or parquet, optionally .gz/.zst."""
+    output: str
+    """The step's output directory (`this_output()`)."""
+    text_field: str = "text"
+    """The field (jsonl) or column (parquet) holding the text."""
+    exact: bool = True
+    """Remove exact duplicates (equal normalized text)."""
+    near: bool = True
+    """Remove near duplicates (MinHash LSH)."""
+    threshold: float = 0.8
+    """Near duplicates: the estimated Jaccard similarity of their word n-grams, in (0, 1]."""
+    ngram: int = 5
+    """Near duplicates: words per n-gram (shorter documents are one n-gram)."""
+    num_perm: int = 128
+    """Near duplicates: MinHash values per document (more: a finer estimate, more memory)."""
+    sample_pairs: int = 20
+    """Removed documents written beside their kept duplicate to `removed_pairs.jsonl`."""
+    input_root: str | None = None
+    """Directory relative inputs are under; not versioned."""
+    num_workers: int = 1
+    """Shards processed at once (Ray tasks on a Ray worker, else local processes)."""
+    input_identity: dict[str, Any] = field(default_factory=dict)
+    """What identity takes from the inputs (`steps.data.sources`); the locations are not versioned."""
+    # Added after identities were made: a recipe recorded before it rebuilds as datasketch (the
+    # default here), while `dedupe_step` declares one_permutation.
+    minhash: str = added_field("datasketch")
+    """Near duplicates: how signatures are computed: `one_permutation` (`steps.data.minhash`: one hash
+    per n-gram, binned, densified; vectorized over a batch of documents) or `datasketch` (one
+    `datasketch.MinHash` per document, `num_perm` hash functions per n-gram)."""
+    grouping: str = added_field("first_match")
+    """How duplicates are grouped: `components` (`steps.data.dedupe_bands`: pairs found per LSH band,
+    sharded; connected components; the first of each kept) or `first_match` (in one process, each
+    document in turn against the documents kept before it). Added like `minhash`."""
+    band_parts: int = added_field(1)
+    """components: each band's documents are split into this many parts, a task each (a task's
+    memory falls with it; what is removed does not change). Not versioned."""
+    documents: int | None = added_field(None)
+    """About how many documents the inputs hold: a planning hint for the memory figures
+    `drydock plan` shows (`preview`). Not versioned."""
+
+
+def dedupe_step(
+    name: str,
+    *,
+    inputs: Sequence[str | RawDataset | OutputOf],
+    text_field: str = "text",
+    exact: bool = True,
+    near: bool = True,
+    threshold: float = 0.8,
+    ngram: int = 5,
+    num_perm: int = 128,
+    sample_pairs: int = 20,
+    input_root: str | None = None,
+    num_workers: int = 1,
+    resources: Resources | None = None,
+    minhash: str = "one_permutation",
+    grouping: str = "components",
+    band_parts: int = 1,
+    documents: int | None = None,
+) -> Step:
+    """A ready dedupe `Step`. The inputs' identities, the text field, what is removed and the
+    MinHash parameters are versioned; a bad parameter is a `StepDeclarationError` naming it."""
+    _check(
+        name,
+        threshold=threshold,
+        ngram=ngram,
+        num_perm=num_perm,
+        inputs=inputs,
+        sample_pairs=sample_pairs,
+        minhash=minhash,
+        grouping=grouping,
+        band_parts=band_parts,
+    )
+    identity = [None if isinstance(s, OutputOf) else input_identity(s, input_root) for s in inputs]
+    return Step(
+        name=name,
+        fn=dedupe,
+        config=DedupeConfig(
+            inputs=list(inputs),
+            output=this_output(),
+            text_field=versioned(text_field),
+            exact=versioned(exact),
+            near=versioned(near),
+            threshold=versioned(float(threshold)),
+            ngram=versioned(ngram),
+            num_perm=versioned(num_perm),
+            sample_pairs=sample_pairs,
+            input_root=input_root,
+            num_workers=num_workers,
+            input_identity=versioned({"inputs": identity}),
+            minhash=versioned(minhash),
+            grouping=versioned(grouping),
+            band_parts=band_parts,
+            documents=documents,
+        ),
+        description=f"dedupe {name}",
+        resources=resources or Resources(cpus=max(1, num_workers)),
+    )
+
+
+def _check(step: str | None, **values: Any) -> None:
+    threshold = values["threshold"]
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 < threshold <= 1:
+        raise StepDeclarationError(step, f"threshold must be in (0, 1], got {threshold!r}", field="threshold")
+    for key in ("ngram", "num_perm"):
+        value = values[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise StepDeclarationError(step, f"{key} must be a positive integer, got {value!r}", field=key)
+    if values["num_perm"] < 2:
+        raise StepDeclarationError(step, "num_perm must be at least 2", field="num_perm")
+    if not values["inputs"]:
+        raise StepDeclarationError(step, "no inputs given", field="inputs")
+    for key, allowed in (("minhash", MINHASH), ("grouping", GROUPING)):
+        if values[key] not in allowed:
+            raise StepDeclarationError(
+                step, f"{key} must be one of {', '.join(allowed)}, got {values[key]!r}", field=key
+            )
+    parts = values["band_parts"]
+    if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
+        raise StepDeclarationError(
+            step, f"band_parts must be a positive integer, got {parts!r}", field="band_parts"
+        )
+
+
+def normalize(text: str) -> str:
+    """The form duplicates are compared in: NFKC, lower case, whitespace runs as one space."""
+    # str.split() splits on exactly the characters re's \s matches (str.isspace), three times
+    # faster than a regex; ASCII is its own NFKC form.
+    if not text.isascii():
+        text = unicodedata.normalize("NFKC", text)
+    return " ".join(text.lower().split())
+
+
+# -- the step function ----------------------------------------------------------------------------
+
+
+def dedupe_inputs(config: DedupeConfig) -> dict[str, dict[str, Any]]:
+    """The raw shards the step reads, with fingerprints (recorded; compared by later plans)."""
+    try:
+        return raw_listing(
+            {"inputs": (config.inputs, config.input_identity.get("inputs"))}, config.input_root, is_shard
+        )
+    except InputError as e:
+        raise DedupeError(str(e)) from e
+
+
+def _report(config: DedupeConfig) -> str | None:
+    if not exists(f"{config.output}/stats.json"):
+        return None
+    total = read_json(f"{config.output}/stats.json")["total"]
+    return (
+        f"{total['documents_in']:,} documents in, {total['documents_out']:,} kept: "
+        f"{total['exact_removed']:,} exact and {total['near_removed']:,} near duplicates removed"
+    )
+
+
+def _inputs_exist(config: DedupeConfig) -> None:
+    """For a step rebuilt from a manifest: its local inputs are where it says (`--remap` them)."""
+    check_local_inputs_exist({"inputs": config.inputs}, config.input_root)
+
+
+def preview(config: DedupeConfig) -> str:
+    """The passes, and with `documents` what each task and the step's process hold, for the plan."""
+    lines = [
+        f"signatures: {config.minhash}, {config.num_perm} values of word {config.ngram}-grams per document"
+    ]
+    signature_bytes = 4 * config.num_perm + 16
+    docs = config.documents
+    if config.grouping == "components":
+        bands, rows = lsh_bands(config.threshold, config.num_perm) if config.near else (0, 0)
+        passes = bands + int(config.exact)
+        lines.append(
+            f"global pass: components; {bands} bands of {rows} values (threshold {config.threshold})"
+            + (" and the exact pass" if config.exact else "")
+            + f", {config.band_parts} part(s) each: {passes * config.band_parts} tasks, "
+            + f"{config.num_workers} at once"
+        )
+        if docs:
+            lines.append(
+                f"memory for {docs:,} documents: a band part {readable_bytes(16 * docs / config.band_parts)} "
+                f"and {4 * config.num_perm} bytes per candidate; the step's process 16 bytes per "
+                f"document with a duplicate ({readable_bytes(0.16 * docs)} per 1% of them); "
+                f"signatures on disk {readable_bytes(signature_bytes * docs)}"
+            )
+    else:
+        lines.append("global pass: first_match, in the step's process")
+        if docs:
+            lines.append(
+                f"memory for {docs:,} documents: the step's process {readable_bytes(signature_bytes * docs)}"
+            )
+    if not docs:
+        lines.append("(documents=N gives the memory figures)")
+    return "\n".join(lines)
+
+
+@step_function(inputs=dedupe_inputs, report=_report, check=_inputs_exist, preview=preview)
+def dedupe(config: DedupeConfig) -> None:
+    """Deduplicate `config.inputs` into `config.output` (see the module docstring)."""
+    names = ("threshold", "ngram", "num_perm", "inputs", "sample_pairs", "minhash", "grouping", "band_parts")
+    _check(None, **{k: getattr(config, k) for k in names})
+    shards = _shards(config)
+    started = time.time()
+    # Components read the signatures from .work/ in their band tasks: the step's process keeps
+    # a count per shard, and then the removed documents' indices.
+    whole = config.grouping == "first_match"
+    args = [(config, path, key, whole) for path, key, _source in shards]
+    signatures: dict[str, dict[str, np.ndarray]] = {}
+    for done, (key, sig) in enumerate(parallel_map(_signatures, args, max_workers=config.num_workers), 1):
+        signatures[key] = sig
+        step_events.progress(done, len(shards), "shards signed")
+    order = [key for _path, key, _source in shards]
+    if whole:
+        flags = {k: getattr(config, k) for k in ("exact", "near", "threshold", "num_perm")}
+        removed = Removed.of(order, *first_match_pass(order, signatures, **flags), sample=config.sample_pairs)
+    else:
+        removed = _components_pass(config, order, [int(signatures[key]["documents"]) for key in order])
+    write_args = [(config, path, key, removed.indices[key]) for path, key, _source in shards]
+    tallies = {}
+    for done, (key, tally) in enumerate(
+        parallel_map(_write_shard, write_args, max_workers=config.num_workers), 1
+    ):
+        tallies[key] = tally
+        step_events.progress(done, len(shards), "shards written")
+    _write_pairs(config, shards, removed.sample)
+    _write_stats(config, shards, tallies, removed, time.time() - started)
+
+
+def _shards(config: DedupeConfig) -> list[tuple[str, str, str]]:
+    """(path, key, source) of every input shard; source names the input for the stats."""
+    try:
+        out = read_files(
+            config.inputs, config.input_identity.get("inputs"), config.input_root, is_shard, "inputs"
+        )
+    except InputError as e:
+        raise DedupeError(str(e)) from e
+    keys = [key for _p, key, _s in out]
+    if len(set(keys)) != len(keys):
+        raise DedupeError("two inputs have files of the same name; give each input its own directory")
+    return out
+
+
+def _signatures(
+    config: DedupeConfig, path: str, key: str, with_minhash: bool = True
+) -> tuple[str, dict[str, np.ndarray]]:
+    """One shard's exact hashes, MinHash signatures (unless not `with_minhash`) and text bytes;
+    reused if already written."""
+    work = _work(config, key)
+    if exists(work):
+        with np.load(io.BytesIO(read_bytes(work))) as data:
+            if not with_minhash:
+                return key, {"documents": np.asarray(len(data["exact"]))}
+            return key, {name: data[name] for name in data.files}
+    exact, sizes = [], []
+    sigs: list[np.ndarray] = []
+    batch: list[str] = []  # normalized texts not yet signed
+    batch_bytes = 0
+    sign = _signer(config)
+    try:
+        for text in shard_texts(path, config.text_field):
+            norm = normalize(text)
+            exact.append(int.from_bytes(hashlib.blake2b(norm.encode(), digest_size=8).digest(), "little"))
+            sizes.append(len(text.encode("utf-8")))
+            if config.near:
+                batch.append(norm)
+                batch_bytes += len(norm)
+                if batch_bytes >= BATCH_BYTES:
+                    sigs.append(sign(batch))
+                    batch, batch_bytes = [], 0
+    except ShardError as e:
+        raise DedupeError(str(e)) from e
+    if batch:
+        sigs.append(sign(batch))
+    width = config.num_perm if config.near else 0
+    result = {
+        "exact": np.array(exact, dtype=np.uint64),
+        "bytes": np.array(sizes, dtype=np.int64),
+        "minhash": np.concatenate(sigs) if sigs else np.zeros((0, width), dtype=np.uint32),
+    }
+    out = io.BytesIO()
+    np.savez(out, **result)
+    write_file(work, out.getvalue())  # whole or not at all: a killed shard is redone
+    if not with_minhash:
+        return key, {"documents": np.asarray(len(exact))}
+    return key, result
+
+
+def _work(config: DedupeConfig, key: str) -> str:
+    return f"{config.output}/.work/{key}.npz"
+
+
+def _loader(config: DedupeConfig) -> Callable[[str, str], np.ndarray]:
+    def load(key: str, name: str) -> np.ndarray:
+        with np.load(io.BytesIO(read_bytes(_work(config, key)))) as data:
+            return data[name]
+
+    return load
+
+
+def _band_task(
+    config: DedupeConfig, order: list[str], counts: list[int], band: int, rows: int, part: int
+) -> tuple[int, np.ndarray]:
+    """One band's part of the components pass (`steps.data.dedupe_bands`); reused if already written."""
+    name = "exact" if band == EXACT else f"band{band:03d}"
+    work = f"{config.output}/.work/bands/{name}-{part:04d}.npy"
+    if exists(work):
+        return band, load_pairs(read_bytes(work))
+    pairs = band_pairs(
+        order,
+        counts,
+        _loader(config),
+        band=band,
+        rows=rows,
+        part=part,
+        parts=config.band_parts,
+        threshold=config.threshold,
+    )
+    write_file(work, save_pairs(pairs))  # whole or not at all: a killed task is redone
+    return band, pairs
+
+
+def _components_pass(config: DedupeConfig, order: list[str], counts: list[int]) -> Removed:
+    """What to remove, from the connected components of every band's pairs (`steps.data.dedupe_bands`)."""
+    bands, rows = lsh_bands(config.threshold, config.num_perm) if config.near else (0, 0)
+    tasks = ([EXACT] if config.exact else []) + list(range(bands))
+    args = [(config, order, counts, band, rows, part) for band in tasks for part in range(config.band_parts)]
+    none = np.zeros(0, dtype=np.int64)
+    grouped, exact_later = (none, none), [none]
+    pending: list[np.ndarray] = []
+    waiting = 0
+    for done, (band, pairs) in enumerate(parallel_map(_band_task, args, max_workers=config.num_workers), 1):
+        if band == EXACT:
+            exact_later.append(np.unique(pairs[:, 1]))
+        pending.append(pairs)
+        waiting += len(pairs)
+        # Fold the pairs in once they outnumber the documents grouped so far: the process holds
+        # at most about twice the grouped documents, and each is re-sorted O(log) times, not
+        # once per part.
+        if waiting >= max(len(grouped[0]), _FOLD_AT):
+            grouped, pending, waiting = merge(grouped, np.concatenate(pending)), [], 0
+        step_events.progress(done, len(args), "band parts paired")
+    if pending:
+        grouped = merge(grouped, np.concatenate(pending))
+    removed = removals(order, counts, grouped, np.concatenate(exact_later), sample=config.sample_pairs)
+    # The estimated similarity of the sampled near duplicates to the document kept for them.
+    load, loaded = _loader(config), {}
+    for r in removed.sample:
+        if r["similarity"] is None:
+            for key in (r["doc"][0], r["of"][0]):
+                if key not in loaded:
+                    loaded[key] = load(key, "minhash")
+            a, b = loaded[r["doc"][0]][r["doc"][1]], loaded[r["of"][0]][r["of"][1]]
+            r["similarity"] = round(float(np.mean(a == b)), 4)
+    return removed
+
+
+def _signer(config: DedupeConfig) -> Callable[[list[str]], np.ndarray]:
+    """Signatures (uint32, a row per text) of a batch of normalized texts, as `config.minhash` says."""
+    if config.minhash == "one_permutation":
+        return lambda texts: signatures(texts, ngram=config.ngram, num_perm=config.num_perm)
+    return datasketch_signer(config.ngram, config.num_perm)
+
+
+def _write_shard(config: DedupeConfig, src: str, key: str, removed: np.ndarray) -> tuple[str, dict[str, int]]:
+    """Write the shard's kept records; its documents and bytes in and kept."""
+    with np.load(io.BytesIO(read_bytes(_work(config, key)))) as data:
+        sizes = data["bytes"]
+    keep = np.ones(len(sizes), dtype=bool)
+    keep[removed] = False
+    write_kept(src, f"{config.output}/data/{key}", keep.tolist())
+    tally = {"documents_in": len(sizes), "documents_out": int(keep.sum()), "bytes_in": int(sizes.sum())}
+    return key, {**tally, "bytes_out": int(sizes[keep].sum())}
+
+
+def _write_pairs(
+    config: DedupeConfig, shards: list[tuple[str, str, str]], sample: list[dict[str, Any]]
+) -> None:
+    """A sample of removed documents beside the one each duplicates, for inspection."""
+    wanted = {ref for r in sample for ref in (r["doc"], r["of"])}
+    texts: dict[tuple[str, int], str] = {}
+    for path, key, _source in shards:
+        indices = {i for k, i in wanted if k == key}
+        if indices:
+            for i, text in enumerate(shard_texts(path, config.text_field)):
+                if i in indices:
+                    texts[(key, i)] = text
+    lines = []
+    for r in sample:
+        lines.append(
+            json.dumps(
+                {
+                    "kind": r["kind"],
+                    "similarity": r["similarity"],
+                    "removed": {"file": r["doc"][0], "index": r["doc"][1], "text": texts[r["doc"]][:1000]},
+                    "kept": {"file": r["of"][0], "index": r["of"][1], "text": texts[r["of"]][:1000]},
+                }
+            )
+        )
+    write_file(f"{config.output}/removed_pairs.jsonl", "".join(line + "\n" for line in lines).encode())
+
+
+def _write_stats(
+    config: DedupeConfig,
+    shards: list[tuple[str, str, str]],
+    tallies: dict[str, dict[str, int]],
+    removed: Removed,
+    seconds: float,
+) -> None:
+    sources: dict[str, dict[str, int]] = {}
+    for _path, key, source in shards:
+        s = sources.setdefault(source, dict.fromkeys(_TALLIES, 0))
+        for name, value in tallies[key].items():
+            s[name] += value
+        exact = int(removed.exact[key].sum())
+        s["exact_removed"] += exact
+        s["near_removed"] += len(removed.exact[key]) - exact
+    total = {k: sum(s[k] for s in sources.values()) for k in _TALLIES}
+    write_json(
+        f"{config.output}/stats.json",
+        {
+            "parameters": {
+                "exact": config.exact,
+                "near": config.near,
+                "threshold": config.threshold,
+                "ngram": config.ngram,
+                "num_perm": config.num_perm,
+                "minhash": config.minhash,
+                "grouping": config.grouping,
+                "text_field": config.text_field,
+            },
+            "total": {**total, "clusters": removed.clusters},
+            "sources": sources,
+            "files": {key: tallies[key]["documents_out"] for _p, key, _s in shards},
+            "seconds": round(seconds, 3),
+        },
+    )
+
+
+_TALLIES = ("documents_in", "documents_out", "bytes_in", "bytes_out", "exact_removed", "near_removed")

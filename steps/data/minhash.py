@@ -1,0 +1,192 @@
+"""MinHash signatures of many documents at once, in numpy: no Python object per word or n-gram.
+
+    texts = [normalize(t) for t in shard]            # words separated by single spaces
+    sigs = signatures(texts, ngram=5, num_perm=128)  # uint32, one row per document
+
+The dedupe step's signature pass (`steps.data.dedupe`). Two costs dominate a per-document MinHash such
+as datasketch's: making a Python string, bytes object and SHA-1 per n-gram, and evaluating
+`num_perm` hash functions on every n-gram. Both are gone here:
+
+1. **Shingles.** A batch of documents is one byte buffer (documents joined by a newline, which
+   normalized text never holds). Every word's hash is a polynomial hash of its bytes, read off
+   prefix sums over the whole buffer (arithmetic mod 2^64, which numpy's uint64 does natively),
+   mixed by splitmix64's finalizer; every n-gram's hash is a polynomial hash of its words' hashes
+   the same way, mixed again. Documents of fewer than `ngram` words are one n-gram, as before.
+2. **One permutation** (Li, Owen and Zhang 2012). Each n-gram's 64-bit hash picks one of
+   `num_perm` bins (its high bits) and gives the bin a 32-bit value (its low bits); a
+   document's signature is the minimum value in each bin. That is one hash per n-gram instead of
+   `num_perm`, and the probability that two documents agree in a bin is still their Jaccard
+   similarity (for the bins neither leaves empty).
+3. **Densification** (Shrivastava 2017, "optimal densification"). A document with fewer
+   n-grams than bins leaves bins empty; each empty bin takes the value of the first non-empty
+   bin along its own fixed, pseudo-random sequence of bins (the same sequence for every
+   document), so two documents' densified bins agree with the probability their Jaccard
+   similarity gives, and every row is comparable with every other.
+
+The hashes are fixed (no seed to choose), so signatures of different shards, runs and machines
+compare. A polynomial hash mod 2^64 can be made to collide by a crafted word (a Thue-Morse
+string of 2,048 bytes); a collision merges two n-grams, which moves a similarity by one n-gram.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["BATCH_BYTES", "mix", "ngram_hashes", "signatures"]
+
+BATCH_BYTES = 4 << 20
+"""Text hashed at once: the prefix sums take about 40 bytes per byte of text (160 MiB a batch)."""
+
+_U64 = np.uint64
+_WORD_BASE = _U64(0x100000001B3)  # FNV's 64-bit prime: odd, so it has an inverse mod 2^64
+_GRAM_BASE = _U64(0x9E3779B97F4A7C15)  # the golden ratio's odd 64-bit constant
+_LENGTH = _U64(0xD6E8FEB86659FD93)
+_DENSIFY_SEED = 0x5EED  # the empty bins' probe sequences: fixed, so every run densifies alike
+_MAX_PROBES = 4096
+
+
+def mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer (uint64 arrays): every output bit depends on every input bit."""
+    x = x ^ (x >> _U64(30))
+    x = x * _U64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> _U64(27))
+    x = x * _U64(0x94D049BB133111EB)
+    return x ^ (x >> _U64(31))
+
+
+_POWERS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _powers(base: np.uint64, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """base^i and base^-i mod 2^64 for i < n (kept per base, grown as needed: every batch of the
+    same size reuses them)."""
+    have = _POWERS.get(int(base))
+    if have is None or len(have[0]) < n:
+        size = max(n, 2 * len(have[0]) if have else 0)
+        up = np.full(size, base, dtype=_U64)
+        down = np.full(size, _U64(pow(int(base), -1, 1 << 64)), dtype=_U64)
+        up[0] = down[0] = 1
+        have = _POWERS[int(base)] = (np.cumprod(up, dtype=_U64), np.cumprod(down, dtype=_U64))
+    return have[0][:n], have[1][:n]
+
+
+def _span_hashes(values: np.ndarray, starts: np.ndarray, ends: np.ndarray, base: np.uint64) -> np.ndarray:
+    """sum(values[j] * base^(j - start)) over [start, end) for each span, mod 2^64: prefix sums
+    of values weighted by base^j, shifted back by base^-start."""
+    up, down = _powers(base, len(values))
+    prefix = np.zeros(len(values) + 1, dtype=_U64)
+    np.multiply(values, up, out=values)
+    np.cumsum(values, dtype=_U64, out=prefix[1:])
+    return (prefix[ends] - prefix[starts]) * down[starts]
+
+
+def ngram_hashes(texts: Sequence[str], ngram: int, *, short: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """The 64-bit hash of every word n-gram of every text (words split on single spaces), and the
+    index of each text's first n-gram. A text of fewer than `ngram` words, the empty text
+    included, is one n-gram of all its words; with `short=False` it has none (and the index of
+    its first n-gram is that of the next text's). A text must not hold a newline
+    (`steps.data.dedupe.normalize` removes them)."""
+    if not texts:
+        return np.zeros(0, dtype=_U64), np.zeros(0, dtype=np.int64)
+    data = np.frombuffer("\n".join(texts).encode("utf-8"), dtype=np.uint8)
+    separator = (data == ord(" ")) | (data == ord("\n"))
+    cuts = np.flatnonzero(separator)
+    word_starts = np.concatenate(([0], cuts + 1))
+    word_ends = np.concatenate((cuts, [len(data)]))
+    # Bytes count from 1, so that a zero byte still adds to the hash; the length separates words
+    # whose bytes sum alike.
+    words = _span_hashes(data.astype(_U64) + _U64(1), word_starts, word_ends, _WORD_BASE)
+    words = mix(words + (word_ends - word_starts).astype(_U64) * _LENGTH)
+    # Text t's words are those after its t-th newline: the newlines among the cuts.
+    newline = data[cuts] == ord("\n")
+    first_word = np.concatenate(([0], np.flatnonzero(newline) + 1))
+    num_words = np.diff(np.concatenate((first_word, [len(words)])))
+    if len(num_words) != len(texts):
+        raise ValueError("a text holds a newline: normalize it first")
+    if short:
+        num_grams = np.maximum(1, num_words - ngram + 1)
+    else:  # the empty text is one word of no bytes: no words
+        num_words = np.where(
+            (num_words == 1) & (word_ends[first_word] == word_starts[first_word]), 0, num_words
+        )
+        num_grams = np.maximum(0, num_words - ngram + 1)
+    first_gram = np.concatenate(([0], np.cumsum(num_grams)[:-1]))
+    owner = np.repeat(np.arange(len(texts)), num_grams)
+    starts = first_word[owner] + (np.arange(len(owner)) - first_gram[owner])
+    lengths = np.minimum(ngram, num_words)[owner]
+    grams = _span_hashes(words.copy(), starts, starts + lengths, _GRAM_BASE)
+    return mix(grams + lengths.astype(_U64) * _LENGTH), first_gram
+
+
+def _probes(num_perm: int) -> np.ndarray:
+    """For each bin, the bins an empty one copies from, in order (never itself)."""
+    rng = np.random.default_rng(_DENSIFY_SEED)
+    offsets = rng.integers(1, num_perm, size=(num_perm, _MAX_PROBES))
+    return (np.arange(num_perm)[:, None] + offsets) % num_perm
+
+
+_PROBES: dict[int, np.ndarray] = {}
+
+
+def _densify(sig: np.ndarray, empty: np.ndarray) -> np.ndarray:
+    """Fill each document's empty bins from the first non-empty bin on the bin's probe sequence."""
+    num_perm = sig.shape[1]
+    probes = _PROBES.get(num_perm)
+    if probes is None:
+        probes = _PROBES[num_perm] = _probes(num_perm).reshape(-1)
+    flat_sig, flat_empty = sig.reshape(-1), empty.reshape(-1)
+    cells = np.flatnonzero(flat_empty)  # document * num_perm + bin
+    rows, probe = cells - cells % num_perm, (cells % num_perm) * _MAX_PROBES
+    out = flat_sig.copy()
+    for _attempt in range(_MAX_PROBES):
+        if not len(cells):
+            return out.reshape(sig.shape)
+        source = rows + probes[probe]
+        found = ~flat_empty[source]
+        out[cells[found]] = flat_sig[source[found]]
+        missed = ~found
+        cells, rows, probe = cells[missed], rows[missed], probe[missed] + 1
+    # Not reached in practice ((1 - 1/num_perm)^4096 for a one-n-gram document): the lowest
+    # non-empty bin, which every document has.
+    lowest = np.argmax(~empty, axis=1)
+    out[cells] = sig[cells // num_perm, lowest[cells // num_perm]]
+    return out.reshape(sig.shape)
+
+
+def signatures(texts: Sequence[str], *, ngram: int, num_perm: int) -> np.ndarray:
+    """One-permutation MinHash signatures (uint32, shape (len(texts), num_perm)) of the texts'
+    word `ngram`s, densified (see the module docstring). Texts are hashed in batches of about
+    `BATCH_BYTES`, so memory does not grow with their number."""
+    out = np.empty((len(texts), num_perm), dtype=np.uint32)
+    begin = 0
+    while begin < len(texts):
+        end, size = begin, 0
+        # A batch's (document, bin) cells must fit the sort key's high 32 bits.
+        while end < len(texts) and (
+            end == begin or (size < BATCH_BYTES and (end - begin + 1) * num_perm < 1 << 32)
+        ):
+            size += len(texts[end]) + 1
+            end += 1
+        out[begin:end] = _batch(texts[begin:end], ngram, num_perm)
+        begin = end
+    return out
+
+
+def _batch(texts: Sequence[str], ngram: int, num_perm: int) -> np.ndarray:
+    hashes, first_gram = ngram_hashes(texts, ngram)
+    owner = np.repeat(np.arange(len(texts), dtype=_U64), np.diff(np.append(first_gram, len(hashes))))
+    # The bin from the high 32 bits (scaled, not masked: any num_perm), the value the low 32.
+    bins = ((hashes >> _U64(32)) * _U64(num_perm)) >> _U64(32)
+    values = hashes & _U64(0xFFFFFFFF)
+    # Sorting (document, bin, value) as one key puts each bin's minimum first.
+    keys = np.sort((((owner * _U64(num_perm)) + bins) << _U64(32)) | values)
+    cell = keys >> _U64(32)
+    first = np.flatnonzero(np.concatenate(([True], cell[1:] != cell[:-1])))
+    sig = np.zeros((len(texts), num_perm), dtype=np.uint32)
+    empty = np.ones((len(texts), num_perm), dtype=bool)
+    flat = cell[first].astype(np.int64)
+    sig.reshape(-1)[flat] = (keys[first] & _U64(0xFFFFFFFF)).astype(np.uint32)
+    empty.reshape(-1)[flat] = False
+    return _densify(sig, empty) if empty.any() else sig

@@ -1,0 +1,1 @@
+"""Training steps: train_moe, its Levanter config and hooks, the models, checkpoints, spikes."""
