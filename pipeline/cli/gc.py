@@ -20,12 +20,12 @@ from pipeline.core.lease import Owner
 from pipeline.observe.prune import (
     GcPlan,
     delete_planned,
-    format_size,
     parse_age,
     pin,
     plan_gc,
     resolve_step_dir,
 )
+from pipeline.observe.render import format_size
 from pipeline.run.options import resolve_prefix
 from pipeline.storage.files import normalize_prefix, open_storage
 

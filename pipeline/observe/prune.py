@@ -32,23 +32,19 @@ from pipeline.storage.layout import (
     manifest_pattern,
     split_label,
 )
+from pipeline.storage.prefix_walk import find_step_dirs
 from pipeline.storage.step_store import StepStore
 
 __all__ = [
     "GcPlan",
     "StepDir",
     "delete_planned",
-    "find_step_dirs",
-    "format_size",
     "kept_labels",
     "parse_age",
     "pin",
     "plan_gc",
     "resolve_step_dir",
 ]
-
-MAX_DEPTH = 8
-"""How many name parts deep step directories are looked for (`a/b/c-<hash>` is 3)."""
 
 
 @dataclass(frozen=True)
@@ -97,35 +93,6 @@ def parse_age(text: str) -> float:
             field="--older-than",
         )
     return float(match[1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}[match[2]]
-
-
-def format_size(size: float) -> str:
-    """`1.5 GiB`."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
-
-
-def find_step_dirs(storage: Storage, prefix: str) -> list[str]:
-    """Paths of every step directory under `prefix` (never looking inside one), sorted."""
-    prefix = prefix.rstrip("/")
-    found: list[str] = []
-    stack = [(prefix, 0)]
-    while stack:
-        directory, depth = stack.pop()
-        for entry in storage.listdir(directory):
-            if entry.startswith(".") or (depth == 0 and entry == MANIFEST_DIR):
-                continue
-            path = f"{directory}/{entry}"
-            inside = storage.listdir(path)
-            if split_label(entry) and STEP_DIR_MARKERS & set(inside):
-                found.append(path)
-            # `inside == [entry]`: fsspec lists a file as itself; a file is no directory to walk.
-            elif inside and depth + 1 < MAX_DEPTH and inside != [entry]:
-                stack.append((path, depth + 1))
-    return sorted(found)
 
 
 def _manifest_locations(storage: Storage, prefix: str, keep: str) -> list[str]:

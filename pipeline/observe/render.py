@@ -17,7 +17,7 @@ from rich.text import Text
 from pipeline.core.plan import Plan, State
 from pipeline.core.report import RunReport
 
-__all__ = ["format_preview", "is_table", "plan_table", "print_table", "run_summary"]
+__all__ = ["format_preview", "format_size", "is_table", "plan_table", "print_table", "run_summary"]
 
 _STYLE = {
     State.CACHED: "green",
@@ -142,3 +142,12 @@ def _table_lines(rows: list[Mapping[str, Any]]) -> list[str]:
         )
         for line in cells
     ]
+
+
+def format_size(size: float) -> str:
+    """`1.5 GiB`."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")

@@ -24,16 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline import Resources, Step, output_of, step_function, this_output, versioned
-from steps.evaluation.follow import (
-    FollowSettings,
-    check_checkpoint_step,
-    check_follow,
-    evaluate_checkpoints,
-    plain,
-    training_of,
-)
+from steps.evaluation.follow import FollowSettings, check_follow, evaluate_checkpoints
 from steps.files import exists, read_json, save_figure, write_json
 from steps.imports import LEVANTER_MODELS, import_ml
+from steps.training.checkpoints import check_checkpoint_step, plain, training_of
 
 __all__ = ["EvaluateConfig", "evaluate", "evaluate_step"]
 
@@ -151,7 +145,7 @@ class _LossEvaluator:
         from levanter.eval import TaggedEvaluator, eval_model
         from levanter.utils.tree_utils import inference_mode
 
-        from steps.training.checkpoints import load_model
+        from steps.training.checkpoints import load_inference_model
 
         config, trainer = self.config, self.trainer
         mesh, compute, params = (
@@ -161,7 +155,7 @@ class _LossEvaluator:
         )
         started = time.time()
         with hax.partitioning.set_mesh(mesh), hax.axis_mapping(params):
-            model = load_model(config.train, checkpoint, len(self.tokenizer), params)
+            model = load_inference_model(config.train, checkpoint, len(self.tokenizer), params)
             if self._evaluator is None:
                 pos = model.Pos.resize(config.seq_len)
                 self._tagged = self.data.tagged_eval_sets(pos)

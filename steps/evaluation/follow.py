@@ -25,7 +25,7 @@ from typing import Any
 
 import fsspec
 
-from pipeline import Step, StepDeclarationError, step_events, step_state
+from pipeline import StepDeclarationError, step_events, step_state
 from steps.files import read_json, save_figure, write_json
 from steps.training.checkpoints import (
     checkpoint_at,
@@ -37,17 +37,14 @@ from steps.training.checkpoints import (
 
 __all__ = [
     "FollowSettings",
-    "check_checkpoint_step",
     "check_follow",
     "curve",
     "curve_path",
     "evaluate_checkpoints",
     "follow_checkpoints",
-    "plain",
     "plot_curve",
     "read_step_results",
     "step_result_path",
-    "training_of",
     "wait_for_checkpoint",
 ]
 
@@ -316,20 +313,6 @@ def plot_curve(
 # -- declaring a step that evaluates a training ---------------------------------------------------------
 
 
-def plain(value: Any) -> Any:
-    """A config value without its `versioned` mark."""
-    return getattr(value, "value", value)
-
-
-def training_of(name: str, train: Any) -> Any:
-    """The `TrainMoeConfig` of train_moe step `train`, or the declaration error of step `name`."""
-    from steps.training.train_moe import TrainMoeConfig
-
-    if not isinstance(train, Step) or not isinstance(train.config, TrainMoeConfig):
-        raise StepDeclarationError(name, "give a train_moe step (train_moe_step(...))", field="train")
-    return train.config
-
-
 def check_follow(name: str, blocking: bool | None, follow: bool, checkpoint_step: int | None) -> bool:
     """Whether step `name` waits for its training (`blocking`, by default: unless it follows).
 
@@ -350,44 +333,3 @@ def check_follow(name: str, blocking: bool | None, follow: bool, checkpoint_step
     if checkpoint_step is not None and (not isinstance(checkpoint_step, int) or checkpoint_step < 0):
         raise StepDeclarationError(name, f"must be a step number, got {checkpoint_step!r}", "checkpoint_step")
     return blocking
-
-
-def check_checkpoint_step(
-    name: str,
-    training: Any,
-    checkpoint_step: int | None,
-    follow: bool = False,
-    field: str = "checkpoint_step",
-) -> None:
-    """A checkpoint the training keeps (every `checkpoint_interval` steps, and its final step, and
-    under a retention policy only those it retains), or the declaration error of step `name`: any
-    other one never exists, or is deleted under the reader. A follower needs every checkpoint, so it
-    cannot follow a training that deletes old ones."""
-    from steps.training.checkpoints import retained_steps
-
-    final, interval = plain(training.num_steps) - 1, training.checkpoint_interval
-    keep, keep_every = getattr(training, "keep_checkpoints", None), getattr(training, "keep_every", None)
-    if follow and keep is not None:
-        raise StepDeclarationError(
-            name,
-            f"the training deletes all but its newest {keep} checkpoints (keep_checkpoints), so a "
-            "follower could miss one: drop keep_checkpoints there, or evaluate fixed checkpoints",
-            "follow",
-        )
-    if checkpoint_step is None:
-        return
-    kept = retained_steps(final, interval, keep, keep_every)
-    if kept is not None and checkpoint_step not in kept and kept_steps_of(final, interval)(checkpoint_step):
-        raise StepDeclarationError(
-            name,
-            f"the training's retention (keep_checkpoints={keep}, keep_every={keep_every}) deletes "
-            f"the checkpoint of step {checkpoint_step}; it keeps {sorted(kept)}",
-            field,
-        )
-    if not kept_steps_of(final, interval)(checkpoint_step):
-        raise StepDeclarationError(
-            name,
-            f"the training keeps checkpoints every {interval} steps and at its final step {final}; "
-            f"step {checkpoint_step} is not one of them",
-            field,
-        )

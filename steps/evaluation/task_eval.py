@@ -45,16 +45,10 @@ from steps.evaluation.eval_tasks import (
     resolve_data_path,
     task_manager,
 )
-from steps.evaluation.follow import (
-    FollowSettings,
-    check_checkpoint_step,
-    check_follow,
-    evaluate_checkpoints,
-    plain,
-    training_of,
-)
+from steps.evaluation.follow import FollowSettings, check_follow, evaluate_checkpoints
 from steps.files import exists, read_json, write_json, write_text
 from steps.imports import LEVANTER_MODELS, import_ml
+from steps.training.checkpoints import check_checkpoint_step, plain, training_of
 
 __all__ = ["TaskEvalConfig", "task_eval", "task_eval_step"]
 
@@ -427,7 +421,7 @@ class _Evaluator:
         from levanter.eval_harness import LmEvalHarnessConfig, _actually_run_eval_harness
         from levanter.utils.tree_utils import inference_mode
 
-        from steps.training.checkpoints import load_model
+        from steps.training.checkpoints import load_inference_model
 
         config, trainer = self.config, self.trainer
         harness = LmEvalHarnessConfig(
@@ -446,7 +440,7 @@ class _Evaluator:
                 hax.partitioning.set_mesh(trainer.device_mesh),
                 hax.axis_mapping(trainer.parameter_axis_mapping),
             ):
-                model = load_model(
+                model = load_inference_model(
                     config.train, checkpoint, len(self.tokenizer), trainer.parameter_axis_mapping
                 )
                 model = inference_mode(model, True)

@@ -12,9 +12,11 @@ from typing import Any
 
 import fsspec
 
+from pipeline import Step, StepDeclarationError
 from steps.files import exists, local_path, read_json
 
 __all__ = [
+    "check_checkpoint_step",
     "checkpoint_at",
     "checkpoint_to_evaluate",
     "checkpoints_dir",
@@ -22,9 +24,11 @@ __all__ = [
     "delete_checkpoints",
     "kept_steps_of",
     "latest_checkpoint",
-    "load_model",
+    "load_inference_model",
+    "plain",
     "prune_checkpoints",
     "retained_steps",
+    "training_of",
 ]
 
 
@@ -97,9 +101,11 @@ def complete_checkpoints(root: str) -> dict[int, str]:
     return found
 
 
-def load_model(train: str, checkpoint: str, vocab_size: int, parameter_mapping: Any) -> Any:
+def load_inference_model(train: str, checkpoint: str, vocab_size: int, parameter_mapping: Any) -> Any:
     """The Levanter model of training output `train` (its `levanter_model.json`), with the weights
-    of `checkpoint`, sharded by `parameter_mapping`. Call inside the mesh."""
+    of `checkpoint`, sharded by `parameter_mapping`, for evaluation and export: the training-only
+    auxiliary losses (Mixtral's router losses, drydock_moe's balancing loss and z-loss) are switched
+    off, so its loss is pure cross-entropy. Call inside the mesh."""
     import dataclasses
 
     import draccus
@@ -198,3 +204,59 @@ def prune_checkpoints(
             fs.rm(fsspec.core.url_to_fs(f"{found[step]}/metadata.json")[1])
             fs.rm(fsspec.core.url_to_fs(found[step])[1], recursive=True)
     return doomed
+
+
+# -- declaring a step that reads a training's checkpoints ------------------------------------------
+
+
+def plain(value: Any) -> Any:
+    """A config value without its `versioned` mark."""
+    return getattr(value, "value", value)
+
+
+def training_of(name: str, train: Any) -> Any:
+    """The `TrainMoeConfig` of train_moe step `train`, or the declaration error of step `name`."""
+    from steps.training.config import TrainMoeConfig
+
+    if not isinstance(train, Step) or not isinstance(train.config, TrainMoeConfig):
+        raise StepDeclarationError(name, "give a train_moe step (train_moe_step(...))", field="train")
+    return train.config
+
+
+def check_checkpoint_step(
+    name: str,
+    training: Any,
+    checkpoint_step: int | None,
+    follow: bool = False,
+    field: str = "checkpoint_step",
+) -> None:
+    """A checkpoint the training keeps (every `checkpoint_interval` steps, and its final step, and
+    under a retention policy only those it retains), or the declaration error of step `name`: any
+    other one never exists, or is deleted under the reader. A follower needs every checkpoint, so it
+    cannot follow a training that deletes old ones."""
+    final, interval = plain(training.num_steps) - 1, training.checkpoint_interval
+    keep, keep_every = getattr(training, "keep_checkpoints", None), getattr(training, "keep_every", None)
+    if follow and keep is not None:
+        raise StepDeclarationError(
+            name,
+            f"the training deletes all but its newest {keep} checkpoints (keep_checkpoints), so a "
+            "follower could miss one: drop keep_checkpoints there, or evaluate fixed checkpoints",
+            "follow",
+        )
+    if checkpoint_step is None:
+        return
+    kept = retained_steps(final, interval, keep, keep_every)
+    if kept is not None and checkpoint_step not in kept and kept_steps_of(final, interval)(checkpoint_step):
+        raise StepDeclarationError(
+            name,
+            f"the training's retention (keep_checkpoints={keep}, keep_every={keep_every}) deletes "
+            f"the checkpoint of step {checkpoint_step}; it keeps {sorted(kept)}",
+            field,
+        )
+    if not kept_steps_of(final, interval)(checkpoint_step):
+        raise StepDeclarationError(
+            name,
+            f"the training keeps checkpoints every {interval} steps and at its final step {final}; "
+            f"step {checkpoint_step} is not one of them",
+            field,
+        )

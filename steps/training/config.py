@@ -222,7 +222,7 @@ def check_branch(
     num_steps: int,
 ) -> None:
     """What `train_moe_step` refuses about a branch (`init_from`, `init_step`, `init`)."""
-    from steps.evaluation.follow import check_checkpoint_step, plain
+    from steps.training.checkpoints import check_checkpoint_step, plain
 
     def refuse(field_name: str, message: str) -> NoReturn:
         raise StepDeclarationError(name, message, field=field_name)

@@ -521,12 +521,12 @@ def export_checkpoint(
     """Export the model of `checkpoint` (of training output `train`) into `directory`."""
     from levanter.trainer import TrainerConfig
 
-    from steps.training.checkpoints import load_model
+    from steps.training.checkpoints import load_inference_model
 
     trainer = TrainerConfig(require_accelerator=False)
     params = trainer.parameter_axis_mapping
     with hax.partitioning.set_mesh(trainer.device_mesh), hax.axis_mapping(params):
-        model = load_model(train, checkpoint, vocab_size, params)
+        model = load_inference_model(train, checkpoint, vocab_size, params)
         export_model(model, spec, directory)
     return directory
 

@@ -16,15 +16,15 @@ from pipeline.core.records import Event
 from pipeline.errors import StepDeclarationError, StorageError
 from pipeline.observe.prune import (
     delete_planned,
-    find_step_dirs,
-    format_size,
     parse_age,
     pin,
     plan_gc,
     resolve_step_dir,
 )
+from pipeline.observe.render import format_size
 from pipeline.run.executor import RunReport
 from pipeline.storage.files import LocalStorage
+from pipeline.storage.prefix_walk import find_step_dirs
 from pipeline.storage.step_store import StepStore
 from tests.pipeline.stepfns import WriteConfig, write_value
 

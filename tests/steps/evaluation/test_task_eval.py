@@ -155,7 +155,7 @@ def test_scores_match_log_likelihoods_computed_by_hand_from_the_model(run):
     from levanter.trainer import TrainerConfig
 
     from steps.data.mixture import load_data_config
-    from steps.training.checkpoints import load_model
+    from steps.training.checkpoints import load_inference_model
 
     prefix, _, _ = run
     out = step_dir(prefix, "tasks/final")
@@ -171,7 +171,7 @@ def test_scores_match_log_likelihoods_computed_by_hand_from_the_model(run):
     train = step_dir(prefix, "train/test")
     trainer = TrainerConfig(require_accelerator=False)
     with hax.partitioning.set_mesh(trainer.device_mesh), hax.axis_mapping(trainer.parameter_axis_mapping):
-        model = load_model(
+        model = load_inference_model(
             str(train), str(train / "checkpoints" / "step-39"), len(tokenizer), trainer.parameter_axis_mapping
         )
 
