@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         output_of,
         step_function,
         this_output,
+        unversioned,
         versioned,
     )
     from pipeline.sweeps import Point, choice, grid, log_uniform, random_search, sweep, uniform
@@ -63,6 +64,7 @@ _PUBLIC = {
     "output_of": "pipeline.step",
     "step_function": "pipeline.step",
     "this_output": "pipeline.step",
+    "unversioned": "pipeline.step",
     "versioned": "pipeline.step",
     "Point": "pipeline.sweeps",
     "choice": "pipeline.sweeps",
@@ -105,6 +107,7 @@ __all__ = [
     "this_output",
     "tpu_slice",
     "uniform",
+    "unversioned",
     "versioned",
 ]
 

@@ -31,6 +31,7 @@ __all__ = [
     "output_of",
     "step_function",
     "this_output",
+    "unversioned",
     "versioned",
 ]
 
@@ -95,7 +96,7 @@ def inapplicable_fields(config: Any, path: str = "") -> list[str]:
         condition = f.metadata.get(APPLIES_WHEN)
         if condition is not None:
             sibling = getattr(config, condition[0], None)
-            sibling = sibling.value if isinstance(sibling, Versioned) else sibling
+            sibling = unversioned(sibling)
             if sibling != condition[1]:
                 out.append(here)
                 continue
@@ -112,6 +113,12 @@ def versioned(value: T) -> T:
     before the step function sees the config.
     """
     return Versioned(value)  # type: ignore[return-value]
+
+
+def unversioned(value: Any) -> Any:
+    """The value inside a `versioned(...)` mark, or `value` itself: what a step factory reads
+    from a config it was given (the executor unwraps configs before a step function sees them)."""
+    return value.value if isinstance(value, Versioned) else value
 
 
 @dataclass(frozen=True)

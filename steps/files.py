@@ -17,8 +17,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from pipeline import step_events
-from pipeline.storage.files import write_atomically
+from pipeline.steplib import step_events, write_atomically
 
 __all__ = [
     "exists",

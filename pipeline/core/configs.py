@@ -19,7 +19,7 @@ from typing import Any
 
 from pipeline.core.identity import relativize
 from pipeline.errors import StepDeclarationError
-from pipeline.step import ADDED_FIELD, OutputOf, Step, ThisOutput, Versioned
+from pipeline.step import ADDED_FIELD, OutputOf, Step, ThisOutput, Versioned, unversioned
 
 __all__ = ["ConfigRefs", "collect_refs", "resolve_config", "to_plain"]
 
@@ -75,13 +75,9 @@ def _fields_of(value: Any, kind: type) -> tuple[str, ...]:
     names = _field_names(kind)
     if not added:
         return names
-    return tuple(n for n in names if n not in added or _unwrapped(getattr(value, n)) != added[n])
-
-
-def _unwrapped(value: Any) -> Any:
     # `versioned(default)` holds the default too: a step factory that versions the field keeps
     # the identities made before it existed when it passes the default.
-    return value.value if isinstance(value, Versioned) else value
+    return tuple(n for n in names if n not in added or unversioned(getattr(value, n)) != added[n])
 
 
 def collect_refs(step_name: str, config: Any, prefix: str | None = None) -> ConfigRefs:

@@ -38,17 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import (
-    OutputOf,
-    Resources,
-    Step,
-    StepDeclarationError,
-    step_events,
-    step_function,
-    this_output,
-    versioned,
-)
-from pipeline.run.parallel import parallel_map
+from pipeline import OutputOf, Resources, Step, StepDeclarationError, step_function, this_output, versioned
+from pipeline.steplib import parallel_map, step_events
 from steps.data.minhash import BATCH_BYTES, ngram_hashes
 from steps.data.shards import ShardError, is_shard, shard_records, shard_texts, write_kept
 from steps.data.sources import (

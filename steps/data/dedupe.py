@@ -61,12 +61,11 @@ from pipeline import (
     Step,
     StepDeclarationError,
     added_field,
-    step_events,
     step_function,
     this_output,
     versioned,
 )
-from pipeline.run.parallel import parallel_map
+from pipeline.steplib import parallel_map, step_events
 from steps.data.dedupe_bands import (
     EXACT,
     Removed,

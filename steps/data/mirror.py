@@ -37,8 +37,8 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from pipeline import Resources, Step, StepDeclarationError, step_events, step_function, this_output, versioned
-from pipeline.run.parallel import parallel_map
+from pipeline import Resources, Step, StepDeclarationError, step_function, this_output, versioned
+from pipeline.steplib import parallel_map, step_events
 from steps.data.sources import CHECKSUM_KEYS, InputError, RawDataset, expand_input, file_sha256, list_inputs
 from steps.files import exists, read_json, write_json
 

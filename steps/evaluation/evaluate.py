@@ -23,11 +23,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline import Resources, Step, output_of, step_function, this_output, versioned
+from pipeline import Resources, Step, output_of, step_function, this_output, unversioned, versioned
 from steps.evaluation.follow import FollowSettings, check_follow, evaluate_checkpoints
 from steps.files import exists, read_json, save_figure, write_json
 from steps.imports import LEVANTER_MODELS, import_ml
-from steps.training.checkpoints import check_checkpoint_step, plain, training_of
+from steps.training.checkpoints import check_checkpoint_step, training_of
 
 __all__ = ["EvaluateConfig", "evaluate", "evaluate_step"]
 
@@ -92,7 +92,7 @@ def evaluate_step(
             max_batches=versioned(max_batches),
             # Versioned only when set: evaluations declared before `follow` existed keep their identity.
             follow=versioned(True) if follow else False,
-            final_step=plain(train_config.num_steps) - 1,
+            final_step=unversioned(train_config.num_steps) - 1,
             checkpoint_interval=train_config.checkpoint_interval,
         ),
         description=f"evaluate {train.name}",

@@ -25,7 +25,8 @@ from typing import Any
 
 import fsspec
 
-from pipeline import StepDeclarationError, step_events, step_state
+from pipeline import StepDeclarationError
+from pipeline.steplib import step_events, step_state
 from steps.files import read_json, save_figure, write_json
 from steps.training.checkpoints import (
     checkpoint_at,

@@ -36,7 +36,16 @@ from typing import Any
 
 import fsspec
 
-from pipeline import Resources, Step, StepDeclarationError, output_of, step_function, this_output, versioned
+from pipeline import (
+    Resources,
+    Step,
+    StepDeclarationError,
+    output_of,
+    step_function,
+    this_output,
+    unversioned,
+    versioned,
+)
 from steps.evaluation.eval_tasks import (
     EvalTask,
     check_rows,
@@ -48,7 +57,7 @@ from steps.evaluation.eval_tasks import (
 from steps.evaluation.follow import FollowSettings, check_follow, evaluate_checkpoints
 from steps.files import exists, read_json, write_json, write_text
 from steps.imports import LEVANTER_MODELS, import_ml
-from steps.training.checkpoints import check_checkpoint_step, plain, training_of
+from steps.training.checkpoints import check_checkpoint_step, training_of
 
 __all__ = ["TaskEvalConfig", "task_eval", "task_eval_step"]
 
@@ -134,10 +143,10 @@ def task_eval_step(
             tasks=versioned(checked),
             checkpoint_step=versioned(checkpoint_step),
             follow=versioned(follow),
-            final_step=plain(train_config.num_steps) - 1,
+            final_step=unversioned(train_config.num_steps) - 1,
             checkpoint_interval=train_config.checkpoint_interval,
             max_examples=versioned(max_examples),
-            max_length=versioned(max_length or plain(train_config.seq_len)),
+            max_length=versioned(max_length or unversioned(train_config.seq_len)),
             batch_size=batch_size,
             log_samples=versioned(log_samples),
             task_data=task_data,

@@ -35,8 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline import Step, output_of
-from pipeline.step import OutputOf, Versioned
+from pipeline import OutputOf, Step, output_of, unversioned
 from steps.files import exists, read_json
 from steps.training.models import MoeModelConfig
 
@@ -90,10 +89,6 @@ def predicted_by(fit: Step, *, patience: int = 3) -> LossPrediction:
     return LossPrediction(fit=output_of(fit, identity=False), patience=patience, source=fit.name)
 
 
-def _unwrap(value: Any) -> Any:
-    return value.value if isinstance(value, Versioned) else value
-
-
 def _describe(n: int, tokens: int) -> str:
     return f"N={n:,} active non-embedding parameters, D={tokens:,} tokens"
 
@@ -120,12 +115,12 @@ def check_prediction(prediction: Any, model: MoeModelConfig, tokens: int, num_st
         if not isinstance(config, ScalingFitConfig):
             raise PredictionError("the fit must be a scaling_fit step (predicted_by(scaling_fit_step(...)))")
         target = config.target
-        fit_n = active_non_embedding_params(_unwrap(target.model))
-        fit_tokens = _unwrap(target.tokens)
+        fit_n = active_non_embedding_params(unversioned(target.model))
+        fit_tokens = unversioned(target.tokens)
         own_n = active_non_embedding_params(model)
         if (fit_n, fit_tokens) != (own_n, tokens):
             raise PredictionError(
-                f"{step.name!r} predicts {_unwrap(target.label)!r} ({_describe(fit_n, fit_tokens)}), "
+                f"{step.name!r} predicts {unversioned(target.label)!r} ({_describe(fit_n, fit_tokens)}), "
                 f"not this training ({_describe(own_n, tokens)}): give the fit this training's model "
                 "and tokens as its target"
             )

@@ -35,8 +35,16 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import Resources, Step, StepDeclarationError, output_of, step_function, this_output, versioned
-from pipeline.step import Versioned
+from pipeline import (
+    Resources,
+    Step,
+    StepDeclarationError,
+    output_of,
+    step_function,
+    this_output,
+    unversioned,
+    versioned,
+)
 from steps.files import exists, read_json, write_json
 from steps.imports import import_ml
 from steps.scaling.law import HUBER_DELTA, MIN_POINTS, ScalingFitError, check_form, check_grid, check_settings
@@ -102,15 +110,11 @@ def active_non_embedding_params(model: MoeModelConfig) -> int:
     return parameter_counts(model, vocab_size=0)[1]
 
 
-def _unwrap(value: Any) -> Any:
-    return value.value if isinstance(value, Versioned) else value
-
-
 def scaling_point(train: Step, evaluation: Step | None = None, label: str | None = None) -> ScalingPoint:
     """The point of a train_moe step (its model and tokens) and the evaluate step that scored it."""
     config = train.config
-    model = _unwrap(config.model)
-    tokens = _unwrap(config.num_steps) * _unwrap(config.batch_size) * _unwrap(config.seq_len)
+    model = unversioned(config.model)
+    tokens = unversioned(config.num_steps) * unversioned(config.batch_size) * unversioned(config.seq_len)
     return ScalingPoint(
         label=label or train.name.rsplit("/", 1)[-1],
         model=model,

@@ -17,7 +17,7 @@ from typing import Any
 
 import fsspec
 
-from pipeline import step_events
+from pipeline.steplib import step_events
 from steps.files import local_path, read_text
 from steps.training.checkpoints import latest_checkpoint
 from steps.training.config import TrainMoeConfig, summarize

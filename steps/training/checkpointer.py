@@ -12,7 +12,7 @@ from typing import Any
 import jax
 from levanter.checkpoint import Checkpointer, CheckpointerConfig
 
-from pipeline.run import step_events
+from pipeline.steplib import step_events
 from steps.files import exists
 from steps.training.gang_sync import exchange
 from steps.training.metrics import publish_metrics

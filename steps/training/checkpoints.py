@@ -12,7 +12,7 @@ from typing import Any
 
 import fsspec
 
-from pipeline import Step, StepDeclarationError
+from pipeline import Step, StepDeclarationError, unversioned
 from steps.files import exists, local_path, read_json
 
 __all__ = [
@@ -25,7 +25,6 @@ __all__ = [
     "kept_steps_of",
     "latest_checkpoint",
     "load_inference_model",
-    "plain",
     "prune_checkpoints",
     "retained_steps",
     "training_of",
@@ -209,11 +208,6 @@ def prune_checkpoints(
 # -- declaring a step that reads a training's checkpoints ------------------------------------------
 
 
-def plain(value: Any) -> Any:
-    """A config value without its `versioned` mark."""
-    return getattr(value, "value", value)
-
-
 def training_of(name: str, train: Any) -> Any:
     """The `TrainMoeConfig` of train_moe step `train`, or the declaration error of step `name`."""
     from steps.training.config import TrainMoeConfig
@@ -234,7 +228,7 @@ def check_checkpoint_step(
     under a retention policy only those it retains), or the declaration error of step `name`: any
     other one never exists, or is deleted under the reader. A follower needs every checkpoint, so it
     cannot follow a training that deletes old ones."""
-    final, interval = plain(training.num_steps) - 1, training.checkpoint_interval
+    final, interval = unversioned(training.num_steps) - 1, training.checkpoint_interval
     keep, keep_every = getattr(training, "keep_checkpoints", None), getattr(training, "keep_every", None)
     if follow and keep is not None:
         raise StepDeclarationError(

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, NoReturn
 
-from pipeline import Step, StepDeclarationError, added_field, applies_when
+from pipeline import Step, StepDeclarationError, added_field, applies_when, unversioned
 from steps.scaling.prediction import LossPrediction
 from steps.training.estimates import Hardware
 from steps.training.mesh import MeshSpec
@@ -222,7 +222,7 @@ def check_branch(
     num_steps: int,
 ) -> None:
     """What `train_moe_step` refuses about a branch (`init_from`, `init_step`, `init`)."""
-    from steps.training.checkpoints import check_checkpoint_step, plain
+    from steps.training.checkpoints import check_checkpoint_step
 
     def refuse(field_name: str, message: str) -> NoReturn:
         raise StepDeclarationError(name, message, field=field_name)
@@ -244,7 +244,7 @@ def check_branch(
             "init_step",
             f"the branch starts after step {init_step} and trains to step {num_steps - 1}: raise num_steps",
         )
-    trunk_model = plain(source.model)
+    trunk_model = unversioned(source.model)
     if model != trunk_model:
         differ = [
             f"{f.name} {getattr(model, f.name)!r} (trunk: {getattr(trunk_model, f.name)!r})"
@@ -258,7 +258,9 @@ def check_branch(
         def shape(o: OptimizerSpec, p: SpikePolicy, s: Stability) -> tuple[Any, ...]:
             return (o.name, s.update_rms_clipping is None, s.clip_update_sigma is None, p.action == "skip")
 
-        trunk_shape = shape(plain(source.optimizer), plain(source.spike_policy), plain(source.stability))
+        trunk_shape = shape(
+            unversioned(source.optimizer), unversioned(source.spike_policy), unversioned(source.stability)
+        )
         if shape(optimizer, policy, stability) != trunk_shape:
             refuse(
                 "init",

@@ -214,6 +214,6 @@ def levanter_train_config(
 
 def _branch_event(config: Any) -> dict[str, Any]:
     """The `branch` line a branch's metrics start with: which trunk, from which step."""
-    from pipeline.observe.metrics import branch_event
+    from pipeline.steplib import branch_event
 
     return branch_event(str(config.init_from), config.init_step, name=config.init_name, init=config.init)

@@ -19,19 +19,19 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from pipeline import step_events
-from pipeline.errors import StepCancelled
-from pipeline.observe.metrics import (
+from pipeline.steplib import (
     ALIASES,
     METRICS_DIR,
+    StepCancelled,
     metrics_files,
+    open_storage,
     parse_events,
     parse_metrics,
     read_metrics_data,
     segment_index,
     segment_name,
+    step_events,
 )
-from pipeline.storage.files import open_storage
 from steps.files import local_path, write_file
 
 logger = logging.getLogger(__name__)

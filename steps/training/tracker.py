@@ -23,7 +23,7 @@ import jax
 import numpy as np
 from levanter.tracker.tracker import Tracker, TrackerConfig
 
-from pipeline.run import step_events
+from pipeline.steplib import step_events
 from steps.files import local_path, write_file
 from steps.scaling.prediction import Curve, PredictionWatch
 from steps.training.checkpointer import last_saved

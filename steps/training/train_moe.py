@@ -44,12 +44,12 @@ from pipeline import (
     Resources,
     Step,
     StepDeclarationError,
-    current_gang,
     output_of,
     step_function,
     this_output,
     versioned,
 )
+from pipeline.steplib import current_gang
 from steps.files import exists, read_text
 from steps.imports import LEVANTER_MODELS, import_ml
 from steps.scaling.prediction import (

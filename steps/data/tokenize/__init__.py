@@ -32,17 +32,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pipeline import (
-    OutputOf,
-    Resources,
-    Step,
-    StepDeclarationError,
-    step_events,
-    step_function,
-    this_output,
-    versioned,
-)
-from pipeline.run.parallel import parallel_map
+from pipeline import OutputOf, Resources, Step, StepDeclarationError, step_function, this_output, versioned
+from pipeline.steplib import parallel_map, step_events
 from steps.data.sources import (
     InputError,
     RawDataset,

@@ -1,0 +1,75 @@
+"""What the step library may use of the engine, beside `pipeline`'s public names.
+
+A step kind (`steps/`) is written against two modules: `pipeline` to declare its step (`Step`,
+`versioned`, `output_of`, `this_output`, `Resources`, `step_function`, `added_field`, ...) and
+this one for what its function does while it runs. An import-linter contract in pyproject.toml
+forbids `steps` every other module of `pipeline`, so the engine's internals can move without
+touching the step library, and a newcomer has one page to read:
+
+    step_events          notes (`warn`) and progress (`progress`) from inside a step, and the
+                         lease check below
+    check_lease(what)    call before any write the write fence cannot see: a native writer (a
+                         Levanter checkpoint, TensorStore), an upload with its own client. It
+                         raises `LeaseExpired` when this attempt may have lost its lease, so a
+                         stale attempt never overwrites its successor's files. Writes through
+                         `write_atomically` and the `steps.files` helpers are fenced already.
+    lease_guard()        the same check, captured in the step's thread for threads it starts
+    current_gang()       this process's place in a gang of hosts (a gang of one outside one)
+    step_state           the state of another step's directory (for a step that follows one)
+    parallel_map         parallel work inside a step, asked of its backend (Ray tasks on Ray)
+    write_atomically     one file written whole or not at all (`.tmp-*` first: gc finds leftovers)
+    open_storage         the prefix's storage, for steps that write through it
+    StepCancelled        raised into a step function when its run is cancelled
+    metrics.jsonl        the per-step metrics format every reader shares: `METRICS_FILE`,
+                         `METRICS_DIR` (segments on object storage), `ALIASES`, `parse_metrics`,
+                         `parse_events`, `read_metrics_data`, `metrics_files`, `segment_name`,
+                         `segment_index`, `branch_event`
+
+docs/architecture.md, "The step library", says how to add a step kind with these.
+"""
+
+from __future__ import annotations
+
+from pipeline.errors import StepCancelled
+from pipeline.observe.metrics import (
+    ALIASES,
+    METRICS_DIR,
+    METRICS_FILE,
+    branch_event,
+    metrics_files,
+    parse_events,
+    parse_metrics,
+    read_metrics_data,
+    segment_index,
+    segment_name,
+)
+from pipeline.observe.upstream import step_state
+from pipeline.run import step_events
+from pipeline.run.fence import LeaseExpired
+from pipeline.run.parallel import parallel_map
+from pipeline.run.step_events import LeaseGuard, check_lease, current_gang, lease_guard
+from pipeline.storage.files import open_storage, write_atomically
+
+__all__ = [
+    "ALIASES",
+    "METRICS_DIR",
+    "METRICS_FILE",
+    "LeaseExpired",
+    "LeaseGuard",
+    "StepCancelled",
+    "branch_event",
+    "check_lease",
+    "current_gang",
+    "lease_guard",
+    "metrics_files",
+    "open_storage",
+    "parallel_map",
+    "parse_events",
+    "parse_metrics",
+    "read_metrics_data",
+    "segment_index",
+    "segment_name",
+    "step_events",
+    "step_state",
+    "write_atomically",
+]
