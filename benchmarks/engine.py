@@ -50,8 +50,8 @@ from typing import Any
 
 from pipeline import ExecutorMainConfig, Step, output_of, run_experiment, this_output, versioned
 from pipeline.core.dag import build_dag
-from pipeline.core.lease import Owner
 from pipeline.core.plan import State, make_plan
+from pipeline.processes import current_owner
 from pipeline.run.executor import RunReport
 from pipeline.run.experiment import prepare, unchanged_steps
 from pipeline.run.provenance import drift_digest_of, environment_info, step_info
@@ -196,7 +196,7 @@ def plan_phases(steps: list[Step], prefix: str) -> dict[str, float]:
     t2 = time.perf_counter()
     unchanged = unchanged_steps(dag, store, snapshot)
     t3 = time.perf_counter()
-    host = Owner.current().host
+    host = current_owner().host
     info = lambda lb: step_info(dag, lb)  # noqa: E731
     make_plan(dag, snapshot, now=time.time(), local_host=host, current_info=info, unchanged=unchanged)
     t4 = time.perf_counter()
@@ -215,7 +215,7 @@ def populate_with_store(steps: list[Step], prefix: str) -> None:
     """Leave every step done, as the executor would, without running the executor loop."""
     dag = build_dag(steps, prefix)
     store = StepStore(open_storage(prefix))
-    owner = Owner.current()
+    owner = current_owner()
     run_info = environment_info(None)
     for label, node in dag.nodes.items():
         taken = store.acquire(node.output_path, owner, 90.0)

@@ -30,8 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from pipeline import ExecutorMainConfig
 from pipeline.core.dag import build_dag
-from pipeline.core.lease import Owner
 from pipeline.core.plan import State
+from pipeline.processes import current_owner
 from pipeline.run.experiment import prepare
 from pipeline.run.provenance import drift_digest_of, environment_info, step_info
 from pipeline.storage.files import Storage, open_storage
@@ -54,7 +54,7 @@ def populate(steps, prefix: str, threads: int = 16) -> None:
     first, alone, for the reason `pipeline.storage.files.map_reads` gives."""
     dag = build_dag(steps, prefix)
     store = StepStore(open_storage(prefix))
-    owner = Owner.current()
+    owner = current_owner()
     run_info = environment_info(None)
 
     def one(label: str) -> None:

@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import fsspec
 
-from pipeline.core.lease import Owner
+from pipeline.processes import current_owner
 from pipeline.storage.files import ConditionalStorage, open_storage
 from pipeline.storage.step_store import Acquired, StepStore
 from tests.s3server import moto_s3, s3_environment
@@ -108,7 +108,7 @@ def bench_contended(root: str, ops: int, threads: int) -> None:
 
 def _racer(step_dir: str, barrier: multiprocessing.Barrier, results: multiprocessing.Queue) -> None:
     steps = StepStore(open_storage(step_dir))
-    me = Owner.current()
+    me = current_owner()
     barrier.wait()
     started = time.perf_counter()
     taken = steps.acquire(step_dir, me, ttl=60)

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from pipeline.cli.common import find_step, guarded, needs_target
 from pipeline.cli.loading import Loaded, load
 from pipeline.core.dag import build_dag
-from pipeline.core.lease import Owner
 from pipeline.errors import StepDeclarationError
+from pipeline.processes import current_owner
 from pipeline.run.adopt import adopt
 from pipeline.run.options import resolve_prefix
 from pipeline.storage.files import open_storage
@@ -43,7 +43,7 @@ def _adopt(target: str, argv: Sequence[str]) -> int:
             store,
             label,
             source,
-            Owner.current(),
+            current_owner(),
             lease_timeout=loaded.config.lease_timeout,
             heartbeat_interval=loaded.config.heartbeat_interval,
         )

@@ -16,7 +16,6 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline.cli.common import Parser, guarded
-from pipeline.core.lease import Owner
 from pipeline.observe.prune import (
     GcPlan,
     delete_planned,
@@ -26,6 +25,7 @@ from pipeline.observe.prune import (
     resolve_step_dir,
 )
 from pipeline.observe.render import format_size
+from pipeline.processes import current_owner
 from pipeline.run.options import resolve_prefix
 from pipeline.storage.files import normalize_prefix, open_storage
 
@@ -48,7 +48,7 @@ def _gc(argv: Sequence[str]) -> int:
     older = parse_age(args.older_than) if args.older_than else None
     prefix = resolve_prefix(args.prefix)
     storage = open_storage(prefix, confine=True)  # never follow a symbolic link out of it
-    host = Owner.current().host
+    host = current_owner().host
     plan = plan_gc(storage, prefix, keep=args.keep, older_than=older, now=time.time(), local_host=host)
     _show_plan(plan)
     if not plan.delete and not plan.orphans:

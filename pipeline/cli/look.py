@@ -27,7 +27,6 @@ from rich.console import Console
 
 from pipeline.cli.common import Parser, find_step, guarded, needs_target
 from pipeline.cli.loading import Loaded, load
-from pipeline.core.lease import Owner
 from pipeline.errors import StepDeclarationError
 from pipeline.observe.status import (
     StepEntry,
@@ -39,6 +38,7 @@ from pipeline.observe.status import (
     status_table,
     watch,
 )
+from pipeline.processes import current_owner
 from pipeline.run.experiment import prepare
 from pipeline.run.options import resolve_prefix
 from pipeline.storage.files import Storage, is_local, normalize_prefix, open_storage
@@ -119,7 +119,7 @@ def _with_source(target: str, options: Sequence[str], body: Callable[[_Source], 
 
 
 def _read(source: _Source) -> list[StepStatus]:
-    return read_status(source.entries, source.store, now=time.time(), local_host=Owner.current().host)
+    return read_status(source.entries, source.store, now=time.time(), local_host=current_owner().host)
 
 
 def status_command(args: Sequence[str]) -> int:

@@ -3,16 +3,14 @@
 A lease says which runner owns a step right now. It carries a fencing token that grows by one
 with every acquisition; status events carry the token of the runner that wrote them, so a
 runner that lost its lease can be told apart from the current one. Time and process liveness
-are passed in (a clock and a `pid_alive` function), so these rules are tested without sleeping.
+are passed in (a clock and an `alive(pid, start)` function: `pipeline.processes.pid_alive` asks
+this machine), so these rules are pure and tested without sleeping or processes.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import socket
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -24,58 +22,8 @@ __all__ = [
     "LeaseRecord",
     "LeaseWatch",
     "Owner",
-    "host_id",
     "is_stale",
-    "pid_alive",
-    "process_start_time",
 ]
-
-
-def _boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()[:8]
-    except OSError:
-        return "noboot"
-
-
-def host_id() -> str:
-    """This machine: hostname plus boot id, so a rebooted host does not trust its old pids."""
-    return f"{socket.gethostname()}/{_boot_id()}"
-
-
-def _stat(pid: int) -> list[str] | None:
-    """The fields of /proc/<pid>/stat after the command name (state first), or None."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    # The command name (field 2) may contain spaces and parentheses; fields resume after the last ')'.
-    return stat.rsplit(")", 1)[1].split()
-
-
-def process_start_time(pid: int) -> str | None:
-    """The kernel's start time of `pid` (clock ticks since boot), to tell reused pids apart."""
-    fields = _stat(pid)
-    return fields[19] if fields is not None else None
-
-
-def pid_alive(pid: int, start_time: str | None) -> bool:
-    """Whether the process `pid` that started at `start_time` still exists on this host. A
-    zombie (exited, not yet reaped by its parent) does not: it can write nothing more."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # exists, owned by someone else
-    fields = _stat(pid)
-    if fields is None:
-        return True  # no /proc to ask: signal 0 said it exists
-    if fields[0] == "Z":
-        return False
-    return start_time is None or fields[19] == start_time
 
 
 @dataclass(frozen=True)
@@ -86,12 +34,6 @@ class Owner:
     host: str
     pid: int
     pid_start: str | None
-
-    @staticmethod
-    def current() -> Owner:
-        """An owner for this process, with a fresh run id."""
-        pid = os.getpid()
-        return Owner(uuid.uuid4().hex[:12], host_id(), pid, process_start_time(pid))
 
     def describe(self) -> str:
         return f"run {self.run_id} (pid {self.pid} on {self.host.split('/')[0]})"
@@ -187,7 +129,7 @@ def is_stale(
     lease: LeaseRecord | None,
     now: float,
     local_host: str,
-    alive: Callable[[int, str | None], bool] = pid_alive,
+    alive: Callable[[int, str | None], bool] | None = None,
     *,
     skew: float = 0.0,
     trust_pid: bool = True,
@@ -201,10 +143,13 @@ def is_stale(
     outlive the holder's process: such a lease is stale only once it expires. `expires` was
     written with the holder's clock: a reader whose clock is ahead by up to `skew` never takes a live lease (a
     waiting runner also judges by watching the lease stop changing, which needs no clock: see
-    `LeaseWatch`).
+    `LeaseWatch`). `alive(pid, start)` says whether a process of this host lives
+    (`pipeline.processes.pid_alive`); without it, only expiry makes a lease stale.
     """
     if lease is None or lease.released or now >= lease.expires + skew:
         return True
+    if alive is None:
+        return False
     return trust_pid and lease.host == local_host and not alive(lease.pid, lease.pid_start)
 
 

@@ -24,7 +24,6 @@ from typing import Any
 from pipeline.core import graph
 from pipeline.core.dag import Dag, labels_matching
 from pipeline.core.drift import config_drift
-from pipeline.core.lease import pid_alive
 from pipeline.core.records import Event, StepRecord
 from pipeline.errors import StepDeclarationError, StorageError
 
@@ -119,7 +118,7 @@ def make_plan(
     only: str | None = None,
     force: str | None = None,
     current_info: Callable[[str], Mapping[str, Any]] | None = None,
-    alive: Callable[[int, str | None], bool] = pid_alive,
+    alive: Callable[[int, str | None], bool] | None = None,
     strict: bool = True,
     unchanged: Collection[str] = (),
     input_notes: Mapping[str, Sequence[str]] | None = None,
@@ -132,7 +131,9 @@ def make_plan(
     (label -> notes) says how the files outside the prefix a cached step read have changed since
     (`pipeline.run.listing`); they come first. `only` and
     `force` are regexes on step names. A step whose `.status` is corrupt is an error unless it is
-    forced (or `strict` is off, for status displays).
+    forced (or `strict` is off, for status displays). `alive(pid, start)` tells a running step
+    whose runner died on this host (`pipeline.processes.pid_alive`); without it, only the lease's
+    expiry does.
     """
     matched = labels_matching(dag, force)
     # A forced step's dependents are redone too (a retrained model is evaluated again): its

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.core.lease import LeaseRecord, is_stale, pid_alive
+from pipeline.core.lease import LeaseRecord, is_stale
 from pipeline.core.numbers import usable_time
 from pipeline.errors import StorageError
 
@@ -195,7 +195,7 @@ class StepRecord:
         self,
         now: float,
         local_host: str,
-        alive: Callable[[int, str | None], bool] = pid_alive,
+        alive: Callable[[int, str | None], bool] | None = None,
         *,
         skew: float = 0.0,
     ) -> bool:

@@ -17,6 +17,7 @@ import enum
 
 from pipeline.core.plan import State
 from pipeline.core.records import Event, StepRecord
+from pipeline.processes import pid_alive
 
 __all__ = ["Shown", "live_state", "runner_gone"]
 
@@ -32,7 +33,7 @@ class Shown(enum.StrEnum):
 def runner_gone(record: StepRecord, now: float, local_host: str) -> bool:
     """Whether a step whose last state is RUNNING has lost its runner: its lease is absent,
     released or expired, or held by a dead process on this very host."""
-    return record.state == Event.RUNNING and record.lease_stale(now, local_host)
+    return record.state == Event.RUNNING and record.lease_stale(now, local_host, pid_alive)
 
 
 def live_state(record: StepRecord, *, stale: bool, planned: str | None = None) -> str:

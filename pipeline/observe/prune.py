@@ -21,9 +21,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pipeline.core.lease import CLOCK_SKEW, is_stale, pid_alive
+from pipeline.core.lease import CLOCK_SKEW, is_stale
 from pipeline.core.records import Event
 from pipeline.errors import StepDeclarationError, StorageError
+from pipeline.processes import pid_alive
 from pipeline.storage.files import Storage
 from pipeline.storage.layout import (
     MANIFEST_DIR,
@@ -186,7 +187,7 @@ def _inspect(
     lease = record.lease if record.lease is not None else store.lease(path)
     # With the clock-skew allowance a run uses before taking a lease over: a lease that looks
     # expired by a few seconds may be a live runner's whose clock is behind ours.
-    if lease is not None and not is_stale(lease, now, local_host, skew=CLOCK_SKEW):
+    if lease is not None and not is_stale(lease, now, local_host, pid_alive, skew=CLOCK_SKEW):
         return f"leased by {lease.describe()}", state, when
     return "", state, when
 

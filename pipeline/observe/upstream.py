@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import time
 
-from pipeline.core.lease import host_id
 from pipeline.observe.live import live_state, runner_gone
+from pipeline.processes import host_id
 from pipeline.storage.files import open_storage
 from pipeline.storage.step_store import StepStore
 

@@ -32,6 +32,7 @@ from pipeline.core.records import Event, may_outlive_runner
 from pipeline.core.report import RunReport, StepOutcome
 from pipeline.core.run_state import RunState
 from pipeline.errors import StepCancelled, StepFailed, StepPreempted
+from pipeline.processes import pid_alive
 from pipeline.run.alerts import Notifier
 from pipeline.run.backends.base import Backend, StepTask
 from pipeline.run.crashes import (
@@ -320,7 +321,9 @@ class _Execution:
             unchanged = self.watch.unchanged(
                 label, record.lease, extra=self.options.clock_skew if remote else 0.0
             )
-            if unchanged or record.lease_stale(self.clock(), self.owner.host, skew=self.options.clock_skew):
+            if unchanged or record.lease_stale(
+                self.clock(), self.owner.host, pid_alive, skew=self.options.clock_skew
+            ):
                 if unchanged and record.lease is not None:
                     self.stale_leases[label] = record.lease
                 self.watch.forget(label)

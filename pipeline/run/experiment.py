@@ -20,11 +20,11 @@ from dataclasses import replace
 
 from pipeline.core.dag import Dag, build_dag
 from pipeline.core.heap import collector_paused
-from pipeline.core.lease import Owner
 from pipeline.core.plan import Plan, State, make_plan
 from pipeline.core.records import Event, StepRecord
 from pipeline.core.report import RunReport
 from pipeline.errors import StorageError
+from pipeline.processes import current_owner, host_id, pid_alive
 from pipeline.run.alerts import AlertLog, Notifier
 from pipeline.run.backends import make_backend
 from pipeline.run.console import RunConsole
@@ -61,7 +61,8 @@ def prepare(
             dag,
             snapshot,
             now=time.time(),
-            local_host=Owner.current().host,
+            local_host=host_id(),
+            alive=pid_alive,
             only=config.only,
             force=config.force,
             current_info=lambda label: step_info(dag, label),
@@ -123,7 +124,7 @@ def run_experiment(
     except BaseException:
         backend.close()
         raise
-    owner = Owner.current()
+    owner = current_owner()
     name = experiment_name(config.experiment, source_file)
     env = environment_info(source_file)
     started = time.time()

@@ -31,7 +31,8 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from pipeline.core.lease import LeaseRecord, host_id, pid_alive
+from pipeline.core.lease import LeaseRecord
+from pipeline.processes import host_id, pid_alive
 from pipeline.run import step_events
 from pipeline.run.fence import Fence, LeaseExpired, fenced_process, fenced_thread, watch_lease
 from pipeline.run.pulse import announce_start, pulse

@@ -43,6 +43,7 @@ from pipeline.core.records import (
     parse_status,
 )
 from pipeline.errors import StorageAccessDenied, StorageError
+from pipeline.processes import pid_alive
 from pipeline.storage.files import Storage, map_reads
 from pipeline.storage.layout import CORRUPT_PREFIX, LEASE, PROGRESS, STATUS, STEP_JSON, is_payload
 
@@ -235,7 +236,7 @@ class StepStore:
             outcome.clear()  # `update` may call this again after losing a race: last call wins
             current = LeaseRecord.parse(old)
             trust_pid = not may_outlive_runner(events, current)
-            if not is_stale(current, now, owner.host, skew=skew, trust_pid=trust_pid) and (
+            if not is_stale(current, now, owner.host, pid_alive, skew=skew, trust_pid=trust_pid) and (
                 stale is None or current != stale
             ):
                 outcome["held"] = current

@@ -30,8 +30,8 @@ import fsspec
 
 from pipeline import Resources, Step, output_of, this_output, versioned
 from pipeline.core.dag import build_dag
-from pipeline.core.lease import Owner
 from pipeline.core.plan import State, make_plan
+from pipeline.processes import current_owner
 from pipeline.run.backends.local import LocalBackend
 from pipeline.run.executor import ExecutionOptions, RunReport, execute
 from pipeline.run.provenance import step_info
@@ -127,7 +127,7 @@ def run_in_process(steps: list[Step], prefix: str, storage: Storage) -> RunRepor
     store = StepStore(storage)
     dag = build_dag(steps, prefix)
     snapshot = store.records(node.output_path for node in dag.nodes.values())
-    owner = Owner.current()
+    owner = current_owner()
     plan = make_plan(
         dag,
         snapshot,

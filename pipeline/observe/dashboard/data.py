@@ -30,7 +30,6 @@ from typing import Any
 
 from pipeline.core.drift import MISSING, json_diff
 from pipeline.core.identity import HASH_CHARS
-from pipeline.core.lease import host_id
 from pipeline.core.records import Event, StatusEvent, StepRecord
 from pipeline.observe import compare, live
 from pipeline.observe.dashboard.chart import read_chart
@@ -46,6 +45,7 @@ from pipeline.observe.dashboard.records import (
 )
 from pipeline.observe.live import runner_gone
 from pipeline.observe.metrics import METRICS_DIR, METRICS_FILE
+from pipeline.processes import host_id
 from pipeline.storage.files import Storage, map_reads
 from pipeline.storage.layout import LOGS_DIR, is_label, is_payload, log_token, step_dir
 from pipeline.storage.manifests import list_manifests, list_run_records, manifest_dir, run_record_dir

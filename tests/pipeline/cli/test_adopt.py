@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.core.lease import Owner
 from pipeline.observe.prune import plan_gc
+from pipeline.processes import current_owner
 from pipeline.storage.files import open_storage
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -69,7 +69,7 @@ def test_an_adopted_directory_is_cached_used_downstream_explained_and_kept(tmp_p
         keep=None,
         older_than=None,
         now=time.time(),
-        local_host=Owner.current().host,
+        local_host=current_owner().host,
     )
     reasons = {d.label: d.keep_reason for d in plan.keep}
     assert reasons[step_dir.relative_to(prefix).as_posix()] == "pinned"
@@ -123,7 +123,7 @@ def test_adopting_into_an_object_store_prefix_from_local_disk_and_from_the_store
             prefix = f"s3://drydock-adopt/runs-{n}"
             dag = build_dag([hello.counts], prefix)
             (label,) = [label for label in dag.nodes if label.startswith("raw/hello-")]
-            adopt(dag, StepStore(open_storage(prefix)), label, source, Owner.current())
+            adopt(dag, StepStore(open_storage(prefix)), label, source, current_owner())
             assert fs.cat_file(f"drydock-adopt/runs-{n}/{label}/rows.jsonl") == rows
             plan = run_experiment([hello.counts], ExecutorMainConfig(prefix=prefix, dry_run=True))
             assert plan.steps[label].state.value == "CACHED" and plan.steps[label].reason == "cached"

@@ -22,6 +22,7 @@ from pipeline.observe.prune import (
     resolve_step_dir,
 )
 from pipeline.observe.render import format_size
+from pipeline.processes import current_owner
 from pipeline.run.executor import RunReport
 from pipeline.storage.files import LocalStorage
 from pipeline.storage.prefix_walk import find_step_dirs
@@ -55,7 +56,7 @@ def prefix(tmp_path: Path) -> Path:
     run(1, root, "one")
     run(2, root, "two")
     store = StepStore(LocalStorage())
-    me = Owner.current()
+    me = current_owner()
     store.acquire(f"{root}/loose/running-00000000000a", me, 3600)
     token = store.acquire(f"{root}/loose/leased-00000000000b", me, 3600).token
     store.append(f"{root}/loose/leased-00000000000b", me, token, Event.FAILED, "boom")  # lease kept
@@ -72,7 +73,7 @@ def gc_plan(prefix: Path, keep=None, older_than=None, now=None):
         keep=keep,
         older_than=older_than,
         now=now,
-        local_host=Owner.current().host,
+        local_host=current_owner().host,
     )
 
 
@@ -104,7 +105,7 @@ def test_keeping_one_manifest_deletes_the_rest_but_never_pinned_or_running(prefi
     assert os.path.basename(manifest).startswith("one-")
     assert {d.path for d in plan.delete} == set(two_dirs) - {pinned_dir}
     assert all(d.size > 0 for d in plan.delete)
-    deleted, skipped = delete_planned(storage, plan, now=time.time(), local_host=Owner.current().host)
+    deleted, skipped = delete_planned(storage, plan, now=time.time(), local_host=current_owner().host)
     assert skipped == [] and {d.path for d in deleted} == set(two_dirs) - {pinned_dir}
     assert os.path.isdir(pinned_dir)
     for d in plan.keep:
@@ -117,8 +118,8 @@ def test_keeping_one_manifest_deletes_the_rest_but_never_pinned_or_running(prefi
 def test_a_step_that_starts_running_after_listing_is_skipped(prefix):
     plan = gc_plan(prefix, keep=["one"])
     victim = plan.delete[0]
-    StepStore(LocalStorage()).acquire(victim.path, Owner.current(), 3600, rerun_after=10**6)
-    deleted, skipped = delete_planned(LocalStorage(), plan, now=time.time(), local_host=Owner.current().host)
+    StepStore(LocalStorage()).acquire(victim.path, current_owner(), 3600, rerun_after=10**6)
+    deleted, skipped = delete_planned(LocalStorage(), plan, now=time.time(), local_host=current_owner().host)
     assert [(e.path, why) for e, why in skipped] == [(victim.path, "RUNNING now")]
     assert os.path.isdir(victim.path) and len(deleted) == len(plan.delete) - 1
 
@@ -139,7 +140,7 @@ def test_leftover_temporary_files_go_only_where_nobody_writes(prefix):
         Path(directory, ".tmp-abc").write_text("half")
     plan = gc_plan(prefix)
     assert plan.orphans == [f"{idle}/.tmp-abc"]
-    delete_planned(storage, plan, now=time.time(), local_host=Owner.current().host)
+    delete_planned(storage, plan, now=time.time(), local_host=current_owner().host)
     assert not Path(idle, ".tmp-abc").exists() and Path(busy, ".tmp-abc").exists()
     assert Path(idle, "value.json").exists()
 
@@ -163,7 +164,7 @@ def test_leftovers_are_found_at_any_depth(prefix, tmp_path):
     Path(idle, "data", "deep", ".tmp-staging", "part").write_text("x")
     plan = gc_plan(prefix)
     assert plan.orphans == sorted([str(leftover), f"{idle}/data/deep/.tmp-staging"])
-    delete_planned(LocalStorage(), plan, now=time.time(), local_host=Owner.current().host)
+    delete_planned(LocalStorage(), plan, now=time.time(), local_host=current_owner().host)
     assert not leftover.exists() and not Path(idle, "data", "deep", ".tmp-staging").exists()
     assert Path(idle, "value.json").exists() and Path(idle, "data", "deep").is_dir()
 
@@ -276,7 +277,7 @@ def test_gc_keeps_what_a_run_in_progress_still_needs(tmp_path):
     plan = gc_plan(prefix, keep=["one"])
     (up,) = [d for d in plan.keep if d.label.startswith("data/up-")]
     assert up.keep_reason.startswith("needed by run ") and "(not finished)" in up.keep_reason
-    delete_planned(LocalStorage(), plan, now=time.time(), local_host=Owner.current().host)
+    delete_planned(LocalStorage(), plan, now=time.time(), local_host=current_owner().host)
     release.touch()
     _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err

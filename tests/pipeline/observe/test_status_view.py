@@ -21,6 +21,7 @@ from pipeline.observe.status import (
     status_table,
     watch,
 )
+from pipeline.processes import current_owner
 from pipeline.run import step_events
 from pipeline.storage.files import LocalStorage
 from pipeline.storage.step_store import StepStore
@@ -50,7 +51,7 @@ def _render(table) -> str:
 def _setup(tmp_path):
     prefix = str(tmp_path / "prefix")
     store = StepStore(LocalStorage())
-    me = Owner.current()
+    me = current_owner()
     a, b, c, d = _entries(prefix)
     # a: failed once, then succeeded on attempt 2.
     token = store.acquire(a.output_path, me, TTL).token

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from pipeline import ExecutorMainConfig, Step, this_output
-from pipeline.core.lease import Owner, host_id
+from pipeline.core.lease import Owner
 from pipeline.core.plan import State
+from pipeline.processes import current_owner, host_id
 from pipeline.run.backends.local import LocalBackend
 from pipeline.run.executor import ExecutionOptions, RunReport, execute
 from pipeline.run.experiment import prepare
@@ -52,7 +53,7 @@ def _runner(step: Step, prefix: Path, offset: float, skew: float, lines: list[st
     )
     skewed = StepStore(store.storage, clock=clock)
     return execute(
-        plan, skewed, LocalBackend(), Owner.current(), options, Reporter(lines.append), clock=clock
+        plan, skewed, LocalBackend(), current_owner(), options, Reporter(lines.append), clock=clock
     )
 
 

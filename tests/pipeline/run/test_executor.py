@@ -14,6 +14,7 @@ from pipeline.core.lease import LeaseRecord, Owner
 from pipeline.core.plan import Plan, State
 from pipeline.core.records import Event
 from pipeline.errors import StepDeclarationError, StorageError
+from pipeline.processes import current_owner
 from pipeline.run.executor import RunReport
 from pipeline.storage.files import LocalStorage
 from pipeline.storage.step_store import StepStore
@@ -297,7 +298,7 @@ def test_cancelled_status_is_not_success(tmp_path):
     steps = chain(counter)
     plan = run_experiment(steps, ExecutorMainConfig(prefix=str(prefix), dry_run=True))
     label = next(iter(plan.dag.nodes))
-    me = Owner.current()
+    me = current_owner()
     store = StepStore(LocalStorage())
     store.acquire(plan.dag.nodes[label].output_path, me, ttl=60)
     store.append(plan.dag.nodes[label].output_path, me, 1, Event.CANCELLED, "interrupted")

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from pipeline import ExecutorMainConfig, Step, run_experiment, this_output, versioned
-from pipeline.core.lease import Owner, host_id, process_start_time
+from pipeline.core.lease import Owner
 from pipeline.core.plan import State
 from pipeline.errors import StepCancelled
+from pipeline.processes import current_owner, host_id, process_start_time
 from pipeline.run.backends.base import StepTask
 from pipeline.run.backends.local import LocalBackend
 from pipeline.run.executor import RunReport
@@ -366,7 +367,7 @@ def test_the_executor_commits_fenced_steps_normally(tmp_path):
 def test_the_heartbeat_deadline_follows_renewals_and_ends_with_the_lease(tmp_path):
     now = [1000.0]
     store = StepStore(LocalStorage(), clock=lambda: now[0])
-    owner, other = Owner.current(), Owner("other", "elsewhere/boot", 1, None)
+    owner, other = current_owner(), Owner("other", "elsewhere/boot", 1, None)
     step_dir = str(tmp_path / "step")
     lost: list[str] = []
     beat = Heartbeat(store, owner, ttl=3.0, interval=1.0, on_lost=lost.append, clock=lambda: now[0])

@@ -12,6 +12,7 @@ import pytest
 from pipeline.core.lease import LeaseRecord, Owner
 from pipeline.core.records import Event, parse_status
 from pipeline.errors import StorageError
+from pipeline.processes import current_owner
 from pipeline.storage.files import LocalStorage, open_storage
 from pipeline.storage.step_store import Acquired, AlreadyDone, Held, StepStore
 
@@ -47,7 +48,7 @@ def store(step_dir, clock) -> StepStore:
 
 
 def test_acquire_records_running_and_commit_writes_success(store, step_dir):
-    me = Owner.current()
+    me = current_owner()
     taken = store.acquire(step_dir, me, ttl=60)
     assert taken == Acquired(1)
     assert [e.event for e in store.events(step_dir)] == [Event.RUNNING]
@@ -99,14 +100,14 @@ def test_renew_extends_the_lease(store, step_dir, clock):
 
 
 def test_acquire_after_success_reports_done(store, step_dir):
-    me = Owner.current()
+    me = current_owner()
     store.acquire(step_dir, me, ttl=60)
     store.commit(step_dir, me, 1)
     assert isinstance(store.acquire(step_dir, other_owner(), ttl=60), AlreadyDone)
 
 
 def test_forced_rerun_runs_once_over_the_success_seen_at_plan_time(store, step_dir):
-    me = Owner.current()
+    me = current_owner()
     store.acquire(step_dir, me, ttl=60)
     store.commit(step_dir, me, 1)
     seen = len(store.events(step_dir))
@@ -130,11 +131,11 @@ def dead_owner_here() -> Owner:
     proc = multiprocessing.get_context("fork").Process(target=os._exit, args=(0,))
     proc.start()
     proc.join()
-    return Owner("deadbeef0000", Owner.current().host, proc.pid, None)
+    return Owner("deadbeef0000", current_owner().host, proc.pid, None)
 
 
 def test_lease_of_a_dead_process_on_this_host_is_stale_at_once(store, step_dir):
-    me = Owner.current()
+    me = current_owner()
     store.acquire(step_dir, dead_owner_here(), ttl=3600)
     assert store.acquire(step_dir, me, ttl=60) == Acquired(2)
 
@@ -144,7 +145,7 @@ def test_a_dead_runner_whose_workers_may_be_elsewhere_is_taken_over_only_once_it
 ):
     """A runner on a Ray cluster is killed: its workers on other hosts live on until their fence
     closes at the lease's expiry, so its process being gone does not free the step."""
-    me = Owner.current()
+    me = current_owner()
     assert store.acquire(step_dir, dead_owner_here(), ttl=60, remote_workers=True) == Acquired(1)
     (running,) = store.events(step_dir)
     assert running.data == {"attempt": 1, "remote_workers": True}
@@ -193,7 +194,7 @@ def test_status_parsed_whole_and_line_by_line_agree(lines, expected):
 def test_status_is_append_only_on_local_disk(tmp_path):
     step_dir = str(tmp_path / "s")
     store = StepStore(LocalStorage())
-    me = Owner.current()
+    me = current_owner()
     store.acquire(step_dir, me, ttl=60)
     inode = os.stat(f"{step_dir}/.status").st_ino
     store.commit(step_dir, me, 1)
@@ -205,7 +206,7 @@ def test_status_is_append_only_on_local_disk(tmp_path):
 
 def _race(step_dir: str, results: multiprocessing.Queue) -> None:
     store = StepStore(LocalStorage())
-    me = Owner.current()
+    me = current_owner()
     taken = store.acquire(step_dir, me, ttl=60)
     if isinstance(taken, Acquired):
         store.storage.write(f"{step_dir}/out-{os.getpid()}", b"x")
@@ -248,7 +249,7 @@ def test_a_lease_read_while_its_heartbeat_rewrites_it_is_never_empty(tmp_path):
 
     store = StepStore(LocalStorage())
     step_dir = str(tmp_path / "step")
-    me = Owner.current()
+    me = current_owner()
     token = store.acquire(step_dir, me, 60).token
     stop = threading.Event()
 

@@ -14,9 +14,9 @@ from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeou
 from gcsfs.retry import HttpError
 from s3fs.errors import translate_boto_error
 
-from pipeline.core.lease import Owner
 from pipeline.core.records import Event, parse_status
 from pipeline.errors import StorageAccessDenied, StorageError
+from pipeline.processes import current_owner
 from pipeline.storage.files import Storage
 from pipeline.storage.object_stores import RetryPolicy, backoff_delay, is_transient, retrying
 from pipeline.storage.step_store import Acquired, StepStore
@@ -193,7 +193,7 @@ def test_delays_only_slow_things_down(sleeps):
 
 def _commit_once(storage: Storage, step_dir: str, store: StepStore | None = None) -> bool:
     store = store or StepStore(storage)
-    me = Owner.current()
+    me = current_owner()
     taken = store.acquire(step_dir, me, ttl=60)
     assert isinstance(taken, Acquired)
     storage.write(f"{step_dir}/payload", b"x")

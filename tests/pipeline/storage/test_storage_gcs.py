@@ -21,8 +21,8 @@ import fsspec
 import gcsfs
 import pytest
 
-from pipeline.core.lease import Owner
 from pipeline.core.records import Event
+from pipeline.processes import current_owner
 from pipeline.storage.files import ConditionalStorage, open_storage
 from pipeline.storage.object_stores import GCSObjects
 from pipeline.storage.step_store import Acquired, StepStore
@@ -170,7 +170,7 @@ def test_concurrent_updates_are_all_applied(storage):
 
 def test_the_commit_protocol_on_the_stand_in(storage):
     steps = StepStore(storage)
-    me = Owner.current()
+    me = current_owner()
     step = "gs://bkt/run/step-abc"
     assert steps.acquire(step, me, ttl=60) == Acquired(1)
     assert steps.commit(step, me, 1)

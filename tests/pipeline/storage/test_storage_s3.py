@@ -25,10 +25,10 @@ import fsspec
 import pytest
 
 from pipeline import ExecutorMainConfig, Step, output_of, run_experiment, this_output, versioned
-from pipeline.core.lease import Owner
 from pipeline.core.plan import State
 from pipeline.core.records import Event
 from pipeline.errors import StorageError
+from pipeline.processes import current_owner
 from pipeline.run.executor import RunReport
 from pipeline.storage.files import ConditionalStorage, open_storage
 from pipeline.storage.object_stores import S3Objects
@@ -125,7 +125,7 @@ def test_a_lost_reply_to_a_conditional_put_is_applied_once(s3_bucket):
     storage = ConditionalStorage(faulty, S3Objects(faulty), sleep=lambda s: None)
     steps = StepStore(storage)
     step = f"{s3_prefix(s3_bucket)}/step"
-    me = Owner.current()
+    me = current_owner()
     assert steps.acquire(step, me, ttl=60) == Acquired(1)
     storage.write(f"{step}/payload", b"x")
     assert steps.commit(step, me, 1), "the SUCCESS write landed; losing its reply must not undo it"
@@ -160,7 +160,7 @@ def test_throttling_is_retried_and_a_missing_bucket_is_not(s3_bucket):
 
 def _race(step_dir: str, start: multiprocessing.Barrier, results: multiprocessing.Queue) -> None:
     steps = StepStore(open_storage(step_dir))
-    me = Owner.current()
+    me = current_owner()
     start.wait()
     taken = steps.acquire(step_dir, me, ttl=60)
     if isinstance(taken, Acquired):

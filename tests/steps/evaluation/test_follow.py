@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from pipeline import Step, StepDeclarationError, this_output
-from pipeline.core.lease import Owner
+from pipeline.processes import current_owner
 from pipeline.storage.files import open_storage
 from pipeline.storage.step_store import StepStore
 from steps.evaluation.follow import FollowSettings, check_follow, follow_checkpoints, read_step_results
@@ -48,7 +48,7 @@ class Training:
         self.dir = root / "train-0123456789ab"
         self.dir.mkdir(parents=True)
         self.store = StepStore(open_storage(str(root)))
-        self.owner = Owner.current()
+        self.owner = current_owner()
         acquired = self.store.acquire(str(self.dir), self.owner, ttl=3600)
         self.token = acquired.token
         self.landing = list(landing)

@@ -28,9 +28,9 @@ import fsspec
 import jax.numpy as jnp
 import pytest
 
-from pipeline.core.lease import Owner
 from pipeline.core.records import Event
 from pipeline.observe.render import format_preview
+from pipeline.processes import current_owner
 from pipeline.run import step_events
 from pipeline.run.fence import Fence, LeaseExpired, fenced_thread
 from pipeline.storage.files import open_storage
@@ -316,7 +316,7 @@ def test_the_upload_interval_must_be_positive(tmp_path):
 def test_tracker_appends_locally_and_warns_and_reports_progress_into_an_s3_step(url, tmp_path):
     step_dir = f"{url}/train/x-abc"
     store = StepStore(open_storage(step_dir))
-    owner = Owner.current()
+    owner = current_owner()
     token = store.acquire(step_dir, owner, ttl=60).token
     local = tmp_path / "scratch" / "metrics.jsonl"
     with step_events.bind(step_events.StepContext(step_dir, owner.run_id, token)):

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from pipeline.core.lease import Owner
 from pipeline.core.records import Event
+from pipeline.processes import current_owner
 from pipeline.run import step_events
 from pipeline.storage.files import LocalStorage
 from pipeline.storage.step_store import StepStore
@@ -20,7 +20,7 @@ from steps.training.tracker import JsonlTracker
 def test_tracker_writes_at_once_merges_by_step_and_warns_into_the_status(tmp_path):
     step_dir = str(tmp_path / "step")
     store = StepStore(LocalStorage())
-    owner = Owner.current()
+    owner = current_owner()
     token = store.acquire(step_dir, owner, ttl=60).token
     path = str(tmp_path / "metrics.jsonl")
     with step_events.bind(step_events.StepContext(step_dir, owner.run_id, token)):

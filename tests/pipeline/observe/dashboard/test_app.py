@@ -325,7 +325,7 @@ def test_a_step_kind_the_dashboard_has_no_code_for_shows_its_report(tmp_path):
 
 
 def test_a_running_step_page_reloads_itself_and_a_finished_one_does_not(dashboard, runs, tmp_path):
-    from pipeline.core.lease import Owner
+    from pipeline.processes import current_owner
     from pipeline.storage.files import open_storage
     from pipeline.storage.step_store import StepStore
 
@@ -335,7 +335,7 @@ def test_a_running_step_page_reloads_itself_and_a_finished_one_does_not(dashboar
     label = "train/live-0123456789ab"
     step_dir = f"{runs.prefix}/{label}"
     store = StepStore(open_storage(runs.prefix))
-    owner = Owner.current()
+    owner = current_owner()
     taken = store.acquire(step_dir, owner, ttl=600)
     try:
         page = get(dashboard, f"/steps/{label}").text

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from pipeline.core.lease import LeaseRecord, host_id, process_start_time
+from pipeline.core.lease import LeaseRecord
 from pipeline.core.records import StatusEvent, StepRecord, parse_status
 from pipeline.observe.dashboard import data
+from pipeline.processes import host_id, process_start_time
 from pipeline.storage.files import open_storage
 from pipeline.storage.step_store import StepStore
 from tests.pipeline.observe.dashboard.fixture_steps import loss_at

@@ -116,12 +116,12 @@ def test_a_frozen_drivers_ray_worker_writes_nothing_after_the_lease_expires(tmp_
 
 
 def test_the_worker_reads_its_deadline_from_the_lease(tmp_path):
-    from pipeline.core.lease import Owner
+    from pipeline.processes import current_owner
     from pipeline.run.step_events import StepContext
     from pipeline.run.worker import _lease_deadline
 
     store = StepStore(LocalStorage(), clock=lambda: 1000.0)
-    owner = Owner.current()
+    owner = current_owner()
     step_dir = str(tmp_path / "step")
     token = store.acquire(step_dir, owner, 3.0).token
     read = _lease_deadline(StepContext(step_dir, owner.run_id, token))
