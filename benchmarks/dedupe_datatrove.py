@@ -122,12 +122,13 @@ def peak_rss_mb() -> float:
 
 
 def drydock_child(minhash: str, inputs: Path, work: Path) -> None:
-    from steps.data.dedupe import DedupeConfig, _shards, _signatures, dedupe
+    from steps.data.dedupe import DedupeConfig, _shards, dedupe
+    from steps.data.dedupe_passes import sign_shard
 
     signing = DedupeConfig(inputs=[str(inputs)], output=str(work / "signatures"), minhash=minhash)
     started = time.perf_counter()
     for path, key, _source in _shards(signing):
-        _signatures(signing, path, key)
+        sign_shard(signing, path, key)
     signed = time.perf_counter()
     dedupe(DedupeConfig(inputs=[str(inputs)], output=str(work / "out"), minhash=minhash))
     done = time.perf_counter()

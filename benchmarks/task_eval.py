@@ -40,13 +40,8 @@ def main() -> int:
     os.environ.setdefault("MARIN_PREFIX", tempfile.mkdtemp(prefix="bench-marin-"))
     from steps.evaluation.demo_tasks import DEMO_TASKS
     from steps.evaluation.eval_tasks import check_tasks
-    from steps.evaluation.task_eval import (
-        TaskEvalConfig,
-        _build_tasks,
-        _Evaluator,
-        _local_task_files,
-        _offline,
-    )
+    from steps.evaluation.harness import Evaluator, build_tasks, local_task_files, offline
+    from steps.evaluation.task_eval import TaskEvalConfig
     from steps.training.checkpoints import checkpoints_dir, latest_checkpoint
 
     train = trains[-1]
@@ -61,10 +56,10 @@ def main() -> int:
         data_root=ROOT,
     )
     started = time.perf_counter()
-    with _offline(None), _local_task_files(check_tasks(DEMO_TASKS, ROOT, None), config) as files:
-        task_dict, chances, names = _build_tasks(DEMO_TASKS, files, config)
+    with offline(None), local_task_files(check_tasks(DEMO_TASKS, ROOT, None), config) as files:
+        task_dict, chances, names = build_tasks(DEMO_TASKS, files, config)
         built = time.perf_counter() - started
-        evaluator = _Evaluator(config, task_dict, chances, DEMO_TASKS, names)
+        evaluator = Evaluator(config, task_dict, chances, DEMO_TASKS, names)
         timings = []
         for _ in range(1 + args.repeats):
             t = time.perf_counter()

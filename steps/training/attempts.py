@@ -111,7 +111,7 @@ def train_attempts(
         and final is not None
         and not gang.distributed
     ):
-        from steps.training.drydock_moe import export_checkpoint
+        from steps.training.drydock_moe_export import export_checkpoint
 
         # No Hugging Face architecture has this model: safetensors and a config.json instead.
         exported = export_checkpoint(

@@ -30,9 +30,7 @@ its init, no memory), with the routed experts' weights counted k/E toward the ac
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -51,17 +49,12 @@ from levanter.models.llama import LlamaEmbedding, LlamaMlp
 from levanter.models.lm_model import LmConfig, LmHeadModel
 from levanter.models.qwen3_moe import Qwen3MoeConfig, Qwen3MoeExperts, Qwen3MoeSparseMoeBlock
 
-from steps.training.models import MoeModelConfig
-
 __all__ = [
     "BIAS_SIGNAL",
+    "DrydockMoeBlock",
     "DrydockMoeConfig",
     "DrydockMoeLMHeadModel",
-    "counted_parameters",
-    "export_checkpoint",
-    "export_model",
-    "levanter_config",
-    "load_export",
+    "counted_parameters_of",
 ]
 
 BIAS_SIGNAL = 1e-4
@@ -83,7 +76,7 @@ class _NoHuggingFace:
         raise NotImplementedError(
             "no Hugging Face architecture has shared experts, sliding-window local layers with their own "
             "KV heads and a balancing bias together: drydock_moe exports safetensors and a config.json "
-            "(steps.training.drydock_moe.export_model)"
+            "(steps.training.drydock_moe_export.export_model)"
         )
 
 
@@ -443,38 +436,7 @@ class DrydockMoeLMHeadModel(ModuleWithStateDictSerialization, LmHeadModel[Drydoc
         return {"transformer": "model", "embeddings": None}
 
 
-# -- Drydock's description -> Levanter's config; counts; export --------------------------------------
-
-
-def levanter_config(model: MoeModelConfig, seq_len: int, tokenizer: str | None) -> DrydockMoeConfig:
-    """The Levanter config of a `MoeModelConfig(family="drydock_moe")`."""
-    from levanter.layers.rotary import DefaultRotaryEmbeddingsConfig
-
-    model.check()
-    return DrydockMoeConfig(
-        max_seq_len=seq_len,
-        hidden_dim=model.hidden_dim,
-        intermediate_dim=model.expert_intermediate_dim,
-        moe_intermediate_dim=model.expert_intermediate_dim,
-        num_layers=model.num_layers,
-        num_heads=model.num_heads,
-        head_dim=model.head_dim,
-        num_kv_heads=model.num_kv_heads,
-        num_experts=model.num_experts,
-        num_experts_per_tok=model.num_experts_per_token,
-        use_qk_norm=model.qk_norm,
-        tie_word_embeddings=model.tie_embeddings,
-        rope=DefaultRotaryEmbeddingsConfig(theta=model.rope_theta),
-        tokenizer=tokenizer,
-        num_shared_experts=model.num_shared_experts,
-        shared_intermediate_dim=model.shared_expert_intermediate_dim,
-        sliding_window=model.sliding_window,
-        global_every=model.global_every,
-        num_global_kv_heads=model.num_global_kv_heads,
-        balancing=model.balancing,
-        load_balancing_loss_coef=model.load_balancing_loss_coef or 0.0,
-        router_z_loss_coef=model.router_z_loss_coef or 0.0,
-    )
+# -- parameters counted from the model's own shapes ----------------------------------------------
 
 
 def _size(tree: Any) -> int:
@@ -505,73 +467,3 @@ def counted_parameters_of(config: DrydockMoeConfig, vocab_size: int) -> tuple[in
         idle = routed * (config.num_experts - config.num_experts_per_tok) // config.num_experts
         _COUNTED[key] = (total, total - idle)
     return _COUNTED[key]
-
-
-def counted_parameters(model: MoeModelConfig, vocab_size: int) -> tuple[int, int]:
-    """`parameter_counts` of a drydock_moe model: read from the shapes it is built with."""
-    return counted_parameters_of(levanter_config(model, 2, None), vocab_size)
-
-
-EXPORT_FORMAT = "drydock_moe/1"
-
-
-def export_checkpoint(
-    train: str, checkpoint: str, spec: MoeModelConfig, vocab_size: int, directory: str
-) -> str:
-    """Export the model of `checkpoint` (of training output `train`) into `directory`."""
-    from levanter.trainer import TrainerConfig
-
-    from steps.training.checkpoints import load_inference_model
-
-    trainer = TrainerConfig(require_accelerator=False)
-    params = trainer.parameter_axis_mapping
-    with hax.partitioning.set_mesh(trainer.device_mesh), hax.axis_mapping(params):
-        model = load_inference_model(train, checkpoint, vocab_size, params)
-        export_model(model, spec, directory)
-    return directory
-
-
-def export_model(model: DrydockMoeLMHeadModel, spec: MoeModelConfig, directory: str) -> None:
-    """Write `model.safetensors` (one tensor per named weight, Hugging Face-style names, layers
-    flattened: `model.groups.3.local.1.self_attn.q_proj.weight`) and `config.json` (the
-    architecture, the format and how to load it) into `directory`."""
-    from haliax.state_dict import save_state_dict, to_torch_compatible_state_dict
-
-    from steps.files import write_file
-
-    vocab_size = model.Vocab.size
-    os.makedirs(directory, exist_ok=True)
-    save_state_dict(to_torch_compatible_state_dict(model), os.path.join(directory, "model.safetensors"))
-    total, active = counted_parameters(spec, vocab_size)
-    config = {
-        "format": EXPORT_FORMAT,
-        "architecture": "DrydockMoeLMHeadModel",
-        "model": dataclasses.asdict(spec),
-        "vocab_size": vocab_size,
-        "parameters": {"total": total, "active": active},
-        "layers": [
-            {"index": i, "attention": "global" if (i + 1) % spec.global_every == 0 else "local"}
-            for i in range(spec.num_layers)
-        ],
-        "load": "steps.training.drydock_moe.load_export(directory) rebuilds the model; no Hugging Face "
-        "architecture holds shared experts, windowed local layers with their own KV heads and a "
-        "balancing bias together",
-    }
-    write_file(os.path.join(directory, "config.json"), json.dumps(config, indent=1).encode())
-
-
-def load_export(directory: str) -> tuple[DrydockMoeLMHeadModel, MoeModelConfig]:
-    """The model `export_model` wrote in `directory`, and its description."""
-    from haliax.state_dict import from_torch_compatible_state_dict, load_state_dict
-
-    from steps.files import read_json
-
-    config = read_json(os.path.join(directory, "config.json"))
-    if config.get("format") != EXPORT_FORMAT:
-        raise ValueError(f"{directory}/config.json is not a {EXPORT_FORMAT} export")
-    spec = MoeModelConfig(**config["model"])
-    template = DrydockMoeLMHeadModel.init(
-        Axis("vocab", config["vocab_size"]), levanter_config(spec, 2, None), key=jrandom.PRNGKey(0)
-    )
-    state = load_state_dict(os.path.join(directory, "model.safetensors"))
-    return from_torch_compatible_state_dict(template, state), spec

@@ -201,7 +201,7 @@ def parameter_counts(model: MoeModelConfig, vocab_size: int) -> tuple[int, int]:
         from steps.imports import LEVANTER_MODELS, import_ml
 
         import_ml(*LEVANTER_MODELS)  # planning may count while steps run in threads
-        from steps.training.drydock_moe import counted_parameters
+        from steps.training.drydock_moe_export import counted_parameters
 
         return counted_parameters(model, vocab_size)
     d, layers = model.hidden_dim, model.num_layers
@@ -230,7 +230,7 @@ def to_levanter(model: MoeModelConfig, seq_len: int, tokenizer: str) -> Any:
 
     model.check()
     if model.family == "drydock_moe":
-        from steps.training.drydock_moe import levanter_config
+        from steps.training.drydock_moe_export import levanter_config
 
         return levanter_config(model, seq_len, tokenizer)
     common: dict[str, Any] = dict(

@@ -99,7 +99,7 @@ def removed_by(out: Path, inputs: Path) -> set[tuple[str, int]]:
 
 
 def test_parts_and_passes_remove_the_same_documents(tmp_path, monkeypatch):
-    import steps.data.dedupe
+    import steps.data.dedupe_passes
 
     planted = spread_corpus(tmp_path / "in")
     results = {}
@@ -110,7 +110,7 @@ def test_parts_and_passes_remove_the_same_documents(tmp_path, monkeypatch):
         "folded part by part": {"minhash": "one_permutation", "grouping": "components", "band_parts": 5},
     }.items():
         if name == "folded part by part":  # the step's process folds each part in as it comes
-            monkeypatch.setattr(steps.data.dedupe, "_FOLD_AT", 1)
+            monkeypatch.setattr(steps.data.dedupe_passes, "_FOLD_AT", 1)
         dedupe(DedupeConfig(inputs=[str(tmp_path / "in")], output=str(tmp_path / name), **extra))
         results[name] = removed_by(tmp_path / name, tmp_path / "in")
     assert results["one part"] == results["five parts"] == results["first match"] == planted

@@ -112,22 +112,23 @@ def test_an_inline_task_through_lm_eval(tmp_path):
     lm_task = built["plus_one"]
     docs = list(lm_task.eval_docs)
     assert len(docs) == 6 and lm_task.doc_to_choice(docs[1]) == ["2", "3", "x"]
-    from steps.evaluation.task_eval import _chance
+    from steps.evaluation.harness import chance
 
-    assert _chance(lm_task, None) == pytest.approx((3 * 0.5 + 3 / 3) / 6)
-    assert _chance(lm_task, 2) == pytest.approx((0.5 + 1 / 3) / 2)
+    assert chance(lm_task, None) == pytest.approx((3 * 0.5 + 3 / 3) / 6)
+    assert chance(lm_task, 2) == pytest.approx((0.5 + 1 / 3) / 2)
 
 
 def test_a_task_at_two_few_shot_counts_is_two_tasks(tmp_path):
     import dataclasses
 
     from steps.evaluation.demo_tasks import demo_task
-    from steps.evaluation.task_eval import TaskEvalConfig, _build_tasks, _local_task_files
+    from steps.evaluation.harness import build_tasks, local_task_files
+    from steps.evaluation.task_eval import TaskEvalConfig
 
     tasks = check_tasks([demo_task("sums"), demo_task("sums", 2)], str(ROOT), None)
     config = TaskEvalConfig(train="t", data="d", output=str(tmp_path), tasks=tasks, data_root=str(ROOT))
-    with _local_task_files(tasks, config) as (files, _scratch):
-        task_dict, chances, names = _build_tasks(tasks, files, config)
+    with local_task_files(tasks, config) as (files, _scratch):
+        task_dict, chances, names = build_tasks(tasks, files, config)
     assert sorted(task_dict) == ["sums", "sums_2shot"] and names == {
         "sums": "sums",
         "sums_2shot": "sums_2shot",
@@ -149,7 +150,8 @@ def test_registry_tasks_keep_their_own_config_and_read_rows_from_task_data(tmp_p
     0.4.13 builds a new, config-less task from a dict spec: the rows then had no split to read.)"""
     import sys
 
-    from steps.evaluation.task_eval import TaskEvalConfig, _build_tasks, _local_task_files, _registry_rows
+    from steps.evaluation.harness import build_tasks, local_task_files, registry_rows
+    from steps.evaluation.task_eval import TaskEvalConfig
 
     sys.path.insert(0, str(ROOT / "scripts"))
     from make_registry_task_rows import write_rows
@@ -159,8 +161,8 @@ def test_registry_tasks_keep_their_own_config_and_read_rows_from_task_data(tmp_p
     config = TaskEvalConfig(
         train="t", data="d", output=str(tmp_path), tasks=tasks, task_data=str(tmp_path / "rows")
     )
-    with _local_task_files(tasks, config) as (files, scratch), _registry_rows(config.task_data, scratch):
-        task_dict, chances, _names = _build_tasks(tasks, files, config)
+    with local_task_files(tasks, config) as (files, scratch), registry_rows(config.task_data, scratch):
+        task_dict, chances, _names = build_tasks(tasks, files, config)
     zero, ten = task_dict["hellaswag"], task_dict["hellaswag_10shot"]
     assert (zero.config.num_fewshot, ten.config.num_fewshot) == (0, 10)
     doc = next(iter(ten.eval_docs))
@@ -209,7 +211,8 @@ def test_a_remote_task_files_bad_row_fails_the_step_with_the_same_message(tmp_pa
 
     import fsspec
 
-    from steps.evaluation.task_eval import TaskEvalConfig, _local_task_files
+    from steps.evaluation.harness import local_task_files
+    from steps.evaluation.task_eval import TaskEvalConfig
 
     url = "memory://drydock-tasks/sums/test.jsonl"
     with fsspec.open(url, "w") as f:
@@ -223,6 +226,6 @@ def test_a_remote_task_files_bad_row_fails_the_step_with_the_same_message(tmp_pa
         pytest.raises(
             ValueError, match=rf"^tasks\[0\] \(sums\).data\['test'\]: {url} line 1: the answer index 7"
         ),
-        _local_task_files([task], config),
+        local_task_files([task], config),
     ):
         pass

@@ -18,13 +18,8 @@ from haliax import Axis
 from levanter.layers.attention import Attention, AttentionMask
 
 from pipeline import StepDeclarationError
-from steps.training.drydock_moe import (
-    DrydockMoeBlock,
-    DrydockMoeLMHeadModel,
-    export_model,
-    levanter_config,
-    load_export,
-)
+from steps.training.drydock_moe import DrydockMoeBlock, DrydockMoeLMHeadModel
+from steps.training.drydock_moe_export import export_model, levanter_config, load_export
 from steps.training.models import MoeModelConfig, parameter_counts
 
 SPEC = MoeModelConfig(
