@@ -31,7 +31,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 __all__ = ["SECRET_FLAGS", "AlertLog", "Notifier", "check_webhook", "redact_argv"]
@@ -194,3 +194,22 @@ class Notifier:
     def describe(self) -> dict[str, Any]:
         """What a record of the run may say about its alerts: where they went (the host only)."""
         return {"webhook": self._where, "delivered": self.delivered}
+
+
+def report_alerts(report: Mapping[str, Any]) -> list[tuple[str, int, str]]:
+    """(kind, count, message) of each alert a step's progress report asks for: a step lists them
+    in its report's data as `alerts: {kind: {"count": n, "message": ...}}` (a training's
+    rewinds, its eval loss leaving the predicted interval); the runner sends each once per new
+    count. Malformed entries are skipped (the report is a file anyone may have written)."""
+    data = report.get("data")
+    alerts = data.get("alerts") if isinstance(data, Mapping) else None
+    if not isinstance(alerts, Mapping):
+        return []
+    out = []
+    for kind, entry in alerts.items():
+        count = entry.get("count") if isinstance(entry, Mapping) else None
+        if type(count) is not int or not isinstance(kind, str):
+            continue
+        message = entry.get("message")
+        out.append((kind, count, message if isinstance(message, str) else kind))
+    return out

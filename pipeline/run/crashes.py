@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.errors import StepPreempted
 from pipeline.storage.layout import LOGS_DIR, log_token
 from pipeline.storage.step_store import StepStore
 
@@ -87,3 +88,24 @@ def attempt_log_tail(store: StepStore, step_dir: str, token: int, size: int = 40
             raw = store.storage.read_tail(f"{step_dir}/{LOGS_DIR}/{logs[0]}", size)
             return raw.decode("utf-8", "replace") if raw else None
     return None
+
+
+def crash_loop(
+    crashes: CrashWatch,
+    store: StepStore,
+    label: str,
+    step_dir: str,
+    token: int,
+    error: BaseException,
+    limit: int,
+) -> str | None:
+    """The evidence, if this preempted attempt is the `limit`-th identical crash in a row; None
+    otherwise (a lost host, or not yet the limit). Every preempted attempt is observed."""
+    if not (isinstance(error, StepPreempted) and error.crash):
+        crashes.observe(label, None, limit)
+        return None
+    signature = crash_signature(str(error), attempt_progress(store, step_dir, token))
+    if not crashes.observe(label, signature, limit):
+        return None
+    evidence = log_evidence(attempt_log_tail(store, step_dir, token))
+    return signature + (f"; its log ends: {evidence}" if evidence else "")

@@ -12,17 +12,19 @@ import functools
 import hashlib
 import importlib.metadata
 import inspect
+import json
 import os
 import platform
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pipeline.core.configs import to_plain
 from pipeline.core.dag import Dag, drift_text, fn_import_path, resolved_config
-from pipeline.core.drift import drift_digest_of_text
+from pipeline.core.drift import drift_digest_of_text, listing_digest
 from pipeline.run.alerts import redact_argv
+from pipeline.run.hooks import call_hook, step_summary
 from pipeline.step import hooks_of, inapplicable_fields
 
 __all__ = [
@@ -161,3 +163,59 @@ def environment_info(source_file: str | None = None) -> dict[str, Any]:
         "argv": redact_argv(sys.argv),  # a webhook URL (--notify) is a secret
         "host": platform.node(),
     }
+
+
+def attempt_info(
+    dag: Dag, label: str, config: Any, run_info: Mapping[str, Any]
+) -> tuple[dict[str, Any], str | None]:
+    """The `.step.json` of an attempt of `label` given `config` (the caller adds the attempt's
+    run id, number, token and start), and the digest of the step's input listing if it has one.
+
+    The listing is taken before the step reads its inputs: the record of what this attempt was
+    given. A listing that cannot be read fails the attempt with the hook's error."""
+    info = step_info(dag, label, config)
+    info.update(run_info)
+    summary = step_summary(dag.nodes[label].step.fn, config)
+    if summary:
+        info["summary"] = summary
+    listing = input_listing(dag, label, config)
+    inputs = None
+    if listing is not None:
+        info["inputs"] = listing
+        inputs = listing_digest(listing)
+    return info, inputs
+
+
+def success_data(
+    dag: Dag, label: str, config: Any, duration: float, step_json: str, inputs: str | None
+) -> dict[str, Any]:
+    """What a SUCCESS of `label` records: its duration, the digests that let a later plan skip
+    reading and diffing `.step.json` (`pipeline.core.drift`), and its `report` and `metrics`
+    hooks' values where JSON can hold them (the dashboard shows the report without importing
+    step code; `compare` compares the metrics across runs)."""
+    data: dict[str, Any] = {
+        "duration": duration,
+        "drift": drift_digest_of(dag, label),
+        "step_json": step_json,
+    }
+    if inputs is not None:
+        data["inputs"] = inputs  # a later plan lists the inputs again and compares
+    hooks = hooks_of(dag.nodes[label].step.fn)
+    report = _recordable(call_hook(hooks.report, config, "no report"))
+    if report is not None:
+        data["report"] = report
+    metrics = _recordable(call_hook(hooks.metrics, config, "no metrics"))
+    if isinstance(metrics, Mapping):
+        data["metrics"] = dict(metrics)
+    return data
+
+
+def _recordable(value: Any) -> Any:
+    """`value` if it can be written into `.status` as JSON, else None."""
+    if value is None:
+        return None
+    try:
+        json.dumps(value, sort_keys=True)
+    except (TypeError, ValueError):
+        return None
+    return value
