@@ -1,0 +1,325 @@
+"""The reversible JSON form of a recipe's configs: `encode_value` writes any config a step may
+hold (dataclasses, enums, tuples, paths, placeholders, `versioned` markers) as JSON data, and
+`decode_value` rebuilds the same objects from it, resolving each recorded `module:qualname`
+reference through a `Resolver` that refuses what its marker does not allow. Used by
+`pipeline.run.recipe`, which writes and rebuilds whole steps."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import importlib
+import importlib.util
+import math
+import os
+import runpy
+import types
+from collections.abc import Callable, Mapping
+from pathlib import PurePath
+from typing import Any
+
+from pipeline.core.dag import RECIPE_MODULE
+from pipeline.errors import StepDeclarationError
+from pipeline.step import OutputOf, Step, ThisOutput, Versioned
+
+__all__ = [
+    "MAIN_MODULE",
+    "RecipeError",
+    "Resolver",
+    "decode_value",
+    "encode_value",
+    "importable_name",
+    "module_name_for_file",
+]
+
+MAIN_MODULE = "__main__"
+_MARKERS = (
+    "__dataclass__",
+    "__versioned__",
+    "__output_of__",
+    "__this_output__",
+    "__tuple__",
+    "__enum__",
+    "__float__",
+    "__dict__",
+    "__path__",
+)
+
+
+class RecipeError(StepDeclarationError):
+    """A step cannot be recorded in, or rebuilt from, a manifest."""
+
+
+# -- recording ----------------------------------------------------------------------------------
+
+
+def importable_name(obj: Any, main_module: str | None = None) -> str:
+    """`module:qualname` of a function or class; `__main__` becomes `main_module` when known."""
+    module = obj.__module__
+    if module in (MAIN_MODULE, RECIPE_MODULE):
+        # Code of the experiment file itself (also when a rerun loaded it from the recorded path).
+        module = main_module or MAIN_MODULE
+    return f"{module}:{obj.__qualname__}"
+
+
+def module_name_for_file(path: str) -> str | None:
+    """The dotted module name that imports the file at `path` (walking up through packages)."""
+    path = os.path.abspath(path)
+    directory, name = os.path.split(path)
+    parts = [os.path.splitext(name)[0]]
+    while os.path.isfile(os.path.join(directory, "__init__.py")):
+        directory, package = os.path.split(directory)
+        parts.insert(0, package)
+    if len(parts) == 1:
+        # Importable only while its own directory is on sys.path (as when run as a script):
+        # the file's path is the more faithful reference.
+        return None
+    dotted = ".".join(parts)
+    try:
+        spec = importlib.util.find_spec(dotted)
+    except (ImportError, ValueError):
+        return None
+    origin = getattr(spec, "origin", None)
+    if origin is None or not os.path.exists(origin) or not os.path.samefile(origin, path):
+        return None
+    return dotted
+
+
+def encode_value(
+    value: Any, labels: Mapping[int, str], step: str, path: str = "", main_module: str | None = None
+) -> Any:
+    """`value` as reversible JSON data; `labels` maps `id(Step)` to that step's label.
+
+    `main_module` is the importable name of the experiment file, for code defined in `__main__`.
+    """
+    if type(value) in _PLAIN:  # the common case first: configs are mostly plain values
+        return value
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"__float__": repr(value)}
+    if isinstance(value, Versioned):
+        return {"__versioned__": encode_value(value.value, labels, step, path, main_module)}
+    if isinstance(value, OutputOf):
+        # A Step is recorded by its label (unique in the DAG); a by-name reference stays a name.
+        by_name = isinstance(value.step, str)
+        upstream = value.step if by_name else labels[id(value.step)]
+        return {
+            "__output_of__": upstream,
+            "ref": "name" if by_name else "label",
+            "sub": value.sub,
+            "blocking": value.blocking,
+            **({} if value.identity else {"identity": False}),
+        }
+    if isinstance(value, ThisOutput):
+        return {"__this_output__": value.sub}
+    if isinstance(value, enum.Enum):
+        ref = importable_name(type(value), main_module)
+        return {"__enum__": ref, "value": encode_value(value.value, labels, step, path, main_module)}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {
+            name: encode_value(getattr(value, name), labels, step, _join(path, name), main_module)
+            for name in _field_names(type(value))
+        }
+        return {"__dataclass__": _class_ref(type(value), step, path, main_module), "fields": fields}
+    if isinstance(value, PurePath):
+        return {"__path__": str(value), "class": _class_ref(type(value), step, path, main_module)}
+    if isinstance(value, tuple):
+        items = [encode_value(v, labels, step, _join(path, i), main_module) for i, v in enumerate(value)]
+        if hasattr(value, "_fields"):  # namedtuple
+            return {"__tuple__": items, "class": _class_ref(type(value), step, path, main_module)}
+        return {"__tuple__": items}
+    if isinstance(value, list):
+        return [encode_value(v, labels, step, _join(path, i), main_module) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            raise RecipeError(step, "dict keys must be strings to be recorded in a manifest", field=path)
+        out = {k: encode_value(v, labels, step, _join(path, k), main_module) for k, v in value.items()}
+        return {"__dict__": out} if any(k in _MARKERS for k in value) else out
+    raise RecipeError(
+        step,
+        f"a value of type {type(value).__name__} cannot be recorded in a manifest; use None, bool, "
+        "int, float, str, enums, paths, or lists, tuples, dicts and dataclasses of those",
+        field=path or "config",
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _field_names(cls: type) -> tuple[str, ...]:
+    # dataclasses.fields() builds a fresh tuple per call; a large DAG asks per config, per run.
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+_PLAIN = frozenset({str, int, bool, type(None)})
+
+
+def _join(path: str, key: str | int) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def _class_ref(cls: type, step: str, path: str, main_module: str | None) -> str:
+    if "<locals>" in cls.__qualname__:
+        raise RecipeError(
+            step,
+            f"class {cls.__qualname__} is defined inside a function; define config classes at "
+            "module level so that a manifest can rebuild them",
+            field=path or "config",
+        )
+    return importable_name(cls, main_module)
+
+
+# -- rebuilding ---------------------------------------------------------------------------------
+
+
+class Resolver:
+    """Imports `module:qualname` references. `__main__` ones (defined in the experiment file) come
+    from the file the user named (`--source FILE`), never from a file the manifest names: a
+    manifest is data anyone may have edited, and executing a file runs whatever it holds."""
+
+    def __init__(self, source_file: str | None, named: str | None = None) -> None:
+        self.source_file = source_file
+        self.named = named
+        self._main: types.SimpleNamespace | None = None
+
+    def __call__(self, ref: str, step: str, field: str) -> Any:
+        module_name, _, qualname = ref.partition(":")
+        if not qualname:
+            raise RecipeError(step, f"malformed reference {ref!r} (expected module:qualname)", field=field)
+        try:
+            if module_name == MAIN_MODULE:
+                obj: Any = self._main_namespace(step, field)
+            else:
+                obj = importlib.import_module(module_name)
+            for part in qualname.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError) as e:
+            raise RecipeError(
+                step,
+                f"cannot import {ref} ({e}); is the code that wrote this manifest installed?",
+                field=field,
+            ) from e
+        return obj
+
+    def _main_namespace(self, step: str, field: str) -> types.SimpleNamespace:
+        if self._main is None:
+            if self.named is None:
+                raise RecipeError(
+                    step,
+                    f"is defined in the experiment file {self.source_file!r}, and Drydock does not run a "
+                    "file a manifest names; to run it, name it yourself: --source FILE (or run the "
+                    "file), or move the code into an importable module",
+                    field=field,
+                )
+            if not os.path.isfile(self.named):
+                raise RecipeError(step, f"--source {self.named!r} is not a file", field="--source")
+            # Not as __main__: the file declares its steps but must not run executor_main.
+            self._main = types.SimpleNamespace(**runpy.run_path(self.named, run_name=RECIPE_MODULE))
+        return self._main
+
+
+def decode_value(
+    data: Any, steps: Mapping[str, Step], resolve: Callable[[str, str, str], Any], step: str, path: str = ""
+) -> Any:
+    """Inverse of `encode_value`; `steps` maps labels of already rebuilt upstream steps."""
+    if isinstance(data, list):
+        return [decode_value(v, steps, resolve, step, _join(path, i)) for i, v in enumerate(data)]
+    if not isinstance(data, dict):
+        return data
+    if "__versioned__" in data:
+        return Versioned(decode_value(data["__versioned__"], steps, resolve, step, path))
+    if "__output_of__" in data:
+        upstream = data["__output_of__"]
+        target: Step | str = upstream
+        if data.get("ref") == "label":
+            if upstream not in steps:
+                raise RecipeError(
+                    step,
+                    f"points at step {upstream!r}, which the manifest does not list before it",
+                    field=path,
+                )
+            target = steps[upstream]
+        return OutputOf(
+            target, data.get("sub"), data.get("blocking", True), data.get("identity", True) is not False
+        )
+    if "__this_output__" in data:
+        return ThisOutput(data["__this_output__"])
+    if "__float__" in data:
+        return float(data["__float__"])
+    # Each marker builds only its own kind of class: a manifest naming any other callable (say
+    # `os:system`) is refused before it is called.
+    if "__tuple__" in data:
+        items = [
+            decode_value(v, steps, resolve, step, _join(path, i)) for i, v in enumerate(data["__tuple__"])
+        ]
+        if "class" not in data:
+            return tuple(items)
+        cls = _checked(
+            resolve(data["class"], step, path), data["class"], _is_namedtuple, "a namedtuple", step, path
+        )
+        return cls(*items)
+    if "__path__" in data:
+        cls = _checked(
+            resolve(data["class"], step, path), data["class"], _is_path_class, "a path class", step, path
+        )
+        return cls(str(data["__path__"]))
+    if "__enum__" in data:
+        cls = _checked(
+            resolve(data["__enum__"], step, path), data["__enum__"], _is_enum, "an enum", step, path
+        )
+        return cls(decode_value(data["value"], steps, resolve, step, path))
+    if "__dataclass__" in data:
+        cls = resolve(data["__dataclass__"], step, path)
+        if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+            raise RecipeError(
+                step, f"{data['__dataclass__']} is no longer a dataclass", field=path or "config"
+            )
+        values = {
+            name: decode_value(v, steps, resolve, step, _join(path, name))
+            for name, v in data["fields"].items()
+        }
+        return _build_dataclass(cls, values, step, path)
+    if "__dict__" in data:
+        data = data["__dict__"]
+    return {k: decode_value(v, steps, resolve, step, _join(path, k)) for k, v in data.items()}
+
+
+def _is_namedtuple(obj: Any) -> bool:
+    return isinstance(obj, type) and issubclass(obj, tuple) and hasattr(obj, "_fields")
+
+
+def _is_path_class(obj: Any) -> bool:
+    return isinstance(obj, type) and issubclass(obj, PurePath)
+
+
+def _is_enum(obj: Any) -> bool:
+    return isinstance(obj, type) and issubclass(obj, enum.Enum)
+
+
+def _checked(obj: Any, ref: Any, test: Callable[[Any], bool], kind: str, step: str, path: str) -> Any:
+    """`obj` if `test(obj)`, else the RecipeError that names the step, the field and `ref`."""
+    if not test(obj):
+        raise RecipeError(
+            step, f"{ref} is not {kind}; a recipe builds nothing else here", field=path or "config"
+        )
+    return obj
+
+
+def _build_dataclass(cls: type, values: Mapping[str, Any], step: str, path: str) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise RecipeError(
+            step,
+            f"{cls.__qualname__} no longer has field(s) {', '.join(unknown)} recorded in the manifest",
+            field=path or "config",
+        )
+    init = {name: v for name, v in values.items() if fields[name].init}
+    try:
+        obj = cls(**init)
+    except Exception as e:  # the class's own __init__/__post_init__ validation
+        raise RecipeError(step, f"cannot rebuild {cls.__qualname__}: {e}", field=path or "config") from e
+    # Exactly the recorded values, also for fields that __post_init__ derives or init=False hides.
+    for name, v in values.items():
+        object.__setattr__(obj, name, v)
+    return obj
