@@ -49,9 +49,6 @@ import contextlib
 import faulthandler
 import logging
 import os
-import re
-import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -79,6 +76,14 @@ from pipeline.run.backends.ray_resources import (
     task_options,
     unsatisfiable,
 )
+from pipeline.run.backends.ray_support import (
+    check_reachable,
+    free_port,
+    gang_env,
+    plain_text,
+    private_ip,
+    quiet_auth_notice,
+)
 from pipeline.run.fence import LeaseExpired
 from pipeline.run.gang import ALONE, Gang
 from pipeline.run.options import RayOptions
@@ -87,7 +92,7 @@ from pipeline.run.worker import Placement, call_step, lease_fence
 from pipeline.step import hooks_of
 from pipeline.storage.layout import LOGS_DIR, log_name
 
-__all__ = ["FencedWrite", "RayBackend", "gang_env"]
+__all__ = ["FencedWrite", "RayBackend"]
 
 logger = logging.getLogger(__name__)
 
@@ -187,19 +192,19 @@ class RayBackend(Backend):
             # Steps' output goes to their attempt logs (`.logs/`); the console gets it with --verbose.
             kwargs: dict[str, Any] = {"log_to_driver": verbose, "logging_level": logging.WARNING}
             if address:
-                _check_reachable(address)
+                check_reachable(address)
                 ray.init(address=address, **kwargs)
             else:
                 # A private instance for this run ("local": never join another instance that
                 # happens to run on this machine), advertised on a loopback address. Ray turns
                 # token authentication on for a new instance and says so on every start; it stays
                 # on, without the notice (a user's RAY_AUTH_MODE decides as always).
-                _quiet_auth_notice()
+                quiet_auth_notice()
                 ray.init(
                     address="local",
                     num_cpus=num_cpus,
                     include_dashboard=False,
-                    _node_ip_address=_private_ip(),
+                    _node_ip_address=private_ip(),
                     **kwargs,
                 )
             self._owns_ray = True
@@ -211,7 +216,7 @@ class RayBackend(Backend):
         )
         self._remote = ray.remote(_call_step)
         self._remote_fresh = ray.remote(max_calls=1)(_call_step)
-        self._free_port = ray.remote(max_retries=0)(_free_port)
+        self.free_port = ray.remote(max_retries=0)(free_port)
         self._lock = threading.Lock()
         self._refs: dict[str, list[ray.ObjectRef]] = {}
         self._cancelled: set[str] = set()
@@ -327,7 +332,7 @@ class RayBackend(Backend):
         if isinstance(error, ray.exceptions.RayTaskError):
             cause = error.cause
             message = f"{type(cause).__name__}: {cause}" if cause is not None else str(error).splitlines()[0]
-            raise StepFailed(_plain(message), _plain(str(error))) from None
+            raise StepFailed(plain_text(message), plain_text(str(error))) from None
         raise error
 
     def _run_hosts(self, task: StepTask) -> None:
@@ -339,7 +344,7 @@ class RayBackend(Backend):
             self._ready(group, task)
             host0 = _node_ip(placement_group_table(group)["bundles_to_node_id"][0])
             port = ray.get(
-                self._free_port.options(
+                self.free_port.options(
                     num_cpus=0, scheduling_strategy=PlacementGroupSchedulingStrategy(group, 0)
                 ).remote()
             )
@@ -437,28 +442,6 @@ class RayBackend(Backend):
             ray.shutdown()
 
 
-def _quiet_auth_notice() -> None:
-    """Ray's "Token authentication is enabled for this Ray cluster" warning, printed whenever a
-    private instance starts: a notice about a default, not a problem (`make run` stays quiet)."""
-    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-
-
-def _free_port() -> int:
-    """Runs on a gang's host 0: a port free there now, for JAX's distributed coordinator."""
-    with socket.socket() as probe:
-        probe.bind(("", 0))
-        return int(probe.getsockname()[1])
-
-
-def gang_env(gang: Gang) -> dict[str, str]:
-    """A gang process's place as environment variables too, for code that reads no context
-    (a subprocess the step starts)."""
-    env = {"DRYDOCK_GANG_INDEX": str(gang.index), "DRYDOCK_GANG_SIZE": str(gang.size)}
-    if gang.coordinator:
-        env["DRYDOCK_GANG_COORDINATOR"] = gang.coordinator
-    return env
-
-
 def _settle(refs: list[ray.ObjectRef], timeout: float) -> list[BaseException]:
     """What the tasks of `refs` (just cancelled) ended with, waiting at most `timeout` seconds."""
     errors = []
@@ -482,34 +465,6 @@ def _gang_error(first: BaseException, others: list[BaseException]) -> BaseExcept
         if isinstance(error, _CRASH_ERRORS):
             return error
     return first
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def _plain(text: str) -> str:
-    """Text without terminal colour codes (Ray colours its tracebacks)."""
-    return _ANSI.sub("", text)
-
-
-def _check_reachable(address: str, timeout: float = 10.0) -> None:
-    """Fail fast, instead of retrying for minutes, when a `host:port` cluster address is down."""
-    if "://" in address or address == "auto" or ":" not in address:
-        return
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout):
-            return
-    except (OSError, ValueError) as e:
-        raise StepDeclarationError(
-            None, f"cannot reach a Ray cluster at {address!r}: {e}", field="--ray_address"
-        ) from e
-
-
-def _private_ip() -> str | None:
-    """A loopback address for a private instance. Ray rewrites 127.0.0.1 to the machine's
-    network address, but not the rest of 127/8, which Linux routes to loopback as well."""
-    return "127.0.0.2" if sys.platform.startswith("linux") else None
 
 
 def _node(node_id: str) -> dict[str, Any]:

@@ -182,13 +182,13 @@ def test_an_unreachable_cluster_address_fails_fast(tmp_path):
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    from pipeline.run.backends.ray import _check_reachable
+    from pipeline.run.backends.ray_support import check_reachable
 
     started = time.monotonic()
     with pytest.raises(
         StepDeclarationError, match=r"field `--ray_address`: cannot reach a Ray cluster at '127\.0\.0\.1"
     ):
-        _check_reachable(f"127.0.0.1:{port}", timeout=5)
+        check_reachable(f"127.0.0.1:{port}", timeout=5)
     assert time.monotonic() - started < 5
 
 
