@@ -25,7 +25,7 @@ import tempfile
 import time
 
 from pipeline.observe.dashboard import data
-from pipeline.storage.files import open_storage
+from pipeline.storage.opening import open_storage
 from pipeline.storage.step_store import StepStore
 
 EXPERIMENT = "sweep-000000000000"

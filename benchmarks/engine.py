@@ -55,7 +55,7 @@ from pipeline.processes import current_owner
 from pipeline.run.executor import RunReport
 from pipeline.run.experiment import prepare, unchanged_steps
 from pipeline.run.provenance import drift_digest_of, environment_info, step_info
-from pipeline.storage.files import open_storage
+from pipeline.storage.opening import open_storage
 from pipeline.storage.step_store import Acquired, StepStore
 
 DEFAULT_SIZES = (1_000, 10_000, 100_000)

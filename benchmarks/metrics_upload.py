@@ -48,7 +48,7 @@ import fsspec
 
 from pipeline.observe.dashboard.data import read_metrics as dashboard_metrics
 from pipeline.observe.metrics import read_metrics_data
-from pipeline.storage.files import map_reads, open_storage
+from pipeline.storage.opening import map_reads, open_storage
 from steps.files import write_file
 from steps.training.metrics import SEGMENT_BYTES, MetricsUploader, _read_lines, read_metrics
 from tests.s3server import moto_s3, s3_environment

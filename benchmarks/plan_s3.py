@@ -34,7 +34,8 @@ from pipeline.core.plan import State
 from pipeline.processes import current_owner
 from pipeline.run.experiment import prepare
 from pipeline.run.provenance import drift_digest_of, environment_info, step_info
-from pipeline.storage.files import Storage, open_storage
+from pipeline.storage.files import Storage
+from pipeline.storage.opening import open_storage
 from pipeline.storage.step_store import Acquired, StepStore
 from tests.s3server import s3_bucket_environment
 
@@ -51,7 +52,7 @@ def _engine():  # the engine benchmark's synthetic experiment, loaded by path (b
 
 def populate(steps, prefix: str, threads: int = 16) -> None:
     """Every step committed as the executor would (digests included), in parallel; one step
-    first, alone, for the reason `pipeline.storage.files.map_reads` gives."""
+    first, alone, for the reason `pipeline.storage.opening.map_reads` gives."""
     dag = build_dag(steps, prefix)
     store = StepStore(open_storage(prefix))
     owner = current_owner()

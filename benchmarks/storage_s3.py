@@ -39,7 +39,8 @@ from concurrent.futures import ThreadPoolExecutor
 import fsspec
 
 from pipeline.processes import current_owner
-from pipeline.storage.files import ConditionalStorage, open_storage
+from pipeline.storage.files import ConditionalStorage
+from pipeline.storage.opening import open_storage
 from pipeline.storage.step_store import Acquired, StepStore
 from tests.s3server import moto_s3, s3_environment
 

@@ -48,7 +48,8 @@ from pipeline.run import step_events
 from pipeline.run.fence import LeaseExpired
 from pipeline.run.parallel import parallel_map
 from pipeline.run.step_events import LeaseGuard, check_lease, current_gang, lease_guard
-from pipeline.storage.files import open_storage, write_atomically
+from pipeline.storage.files import write_atomically
+from pipeline.storage.opening import open_storage
 
 __all__ = [
     "ALIASES",

@@ -16,7 +16,7 @@ from pipeline.errors import StepDeclarationError
 from pipeline.processes import current_owner
 from pipeline.run.adopt import adopt
 from pipeline.run.options import resolve_prefix
-from pipeline.storage.files import open_storage
+from pipeline.storage.opening import open_storage
 from pipeline.storage.step_store import StepStore
 
 __all__ = ["adopt_command"]

@@ -33,8 +33,8 @@ from pipeline.observe.compare import (
 )
 from pipeline.observe.render import label_width
 from pipeline.run.experiment import prepare
-from pipeline.storage.files import normalize_prefix, open_storage
 from pipeline.storage.manifests import is_manifest, load_manifest
+from pipeline.storage.opening import normalize_prefix, open_storage
 from pipeline.storage.step_store import StepStore
 
 __all__ = ["compare_command"]

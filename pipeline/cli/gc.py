@@ -27,7 +27,7 @@ from pipeline.observe.prune import (
 from pipeline.observe.render import format_size
 from pipeline.processes import current_owner
 from pipeline.run.options import resolve_prefix
-from pipeline.storage.files import normalize_prefix, open_storage
+from pipeline.storage.opening import normalize_prefix, open_storage
 
 __all__ = ["gc_command", "pin_command"]
 

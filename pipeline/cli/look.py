@@ -41,7 +41,7 @@ from pipeline.observe.status import (
 from pipeline.processes import current_owner
 from pipeline.run.experiment import prepare
 from pipeline.run.options import resolve_prefix
-from pipeline.storage.files import Storage, is_local, normalize_prefix, open_storage
+from pipeline.storage.files import Storage
 from pipeline.storage.manifests import (
     experiment_name,
     is_manifest,
@@ -50,6 +50,7 @@ from pipeline.storage.manifests import (
     manifest_dir,
     manifest_path,
 )
+from pipeline.storage.opening import is_local, normalize_prefix, open_storage
 from pipeline.storage.step_store import StepStore
 
 __all__ = ["dag_command", "explain_command", "status_command"]

@@ -35,9 +35,9 @@ from pipeline.run.hooks import step_previews, step_reports, step_warnings
 from pipeline.run.options import parse_options, validate_options
 from pipeline.run.worker import QuietConsole
 from pipeline.step import Step
-from pipeline.storage.files import open_storage
 from pipeline.storage.layout import LOGS_DIR, log_token
 from pipeline.storage.manifests import experiment_name, is_manifest, manifest_path
+from pipeline.storage.opening import open_storage
 
 __all__ = ["executor_main", "plan_command", "rerun_command", "run_command"]
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from pipeline.core.records import Event, StepRecord, last_state
 from pipeline.observe.metrics import branch_of, parse_events, parse_metrics, read_metrics_data
-from pipeline.storage.files import map_reads
+from pipeline.storage.opening import map_reads
 from pipeline.storage.step_store import StepStore
 
 __all__ = [

@@ -32,7 +32,7 @@ from pipeline.core.records import Event, StatusEvent
 from pipeline.observe.live import Shown, live_state, runner_gone
 from pipeline.observe.metrics import read_metrics_tail
 from pipeline.observe.render import label_width
-from pipeline.storage.files import map_reads
+from pipeline.storage.opening import map_reads
 from pipeline.storage.step_store import StepStore
 
 __all__ = [

@@ -10,7 +10,7 @@ import time
 
 from pipeline.observe.live import live_state, runner_gone
 from pipeline.processes import host_id
-from pipeline.storage.files import open_storage
+from pipeline.storage.opening import open_storage
 from pipeline.storage.step_store import StepStore
 
 __all__ = ["step_state"]

@@ -35,9 +35,9 @@ from pipeline.run.manifest import ManifestBuilder
 from pipeline.run.options import ExecutorMainConfig, notify_url, resolve_prefix, validate_options
 from pipeline.run.provenance import drift_digest_of, environment_info, step_info
 from pipeline.step import Step
-from pipeline.storage.files import open_storage
 from pipeline.storage.layout import alerts_path
 from pipeline.storage.manifests import experiment_name, manifest_path, run_record_path
+from pipeline.storage.opening import open_storage
 from pipeline.storage.step_store import StepStore
 
 __all__ = ["prepare", "run_experiment", "stderr_line"]

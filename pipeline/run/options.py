@@ -100,7 +100,7 @@ class ExecutorMainConfig:
 
 def resolve_prefix(prefix: str | None) -> str:
     """The prefix to use: the given one, else $DRYDOCK_PREFIX, else ./drydock-runs (normalized)."""
-    from pipeline.storage.files import normalize_prefix
+    from pipeline.storage.opening import normalize_prefix
 
     return normalize_prefix(prefix or os.environ.get("DRYDOCK_PREFIX") or DEFAULT_PREFIX)
 

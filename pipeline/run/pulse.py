@@ -66,7 +66,7 @@ def announce_start(context: StepContext) -> None:
     start when this step ends."""
     if not context.followed or context.gang.index != 0:
         return
-    from pipeline.storage.files import open_storage
+    from pipeline.storage.opening import open_storage
 
     path = f"{context.output_path.rstrip('/')}/{LOGS_DIR}/{started_name(context.token)}"
     record = {"time": time.time(), "where": f"pid {os.getpid()} on {socket.gethostname()}"}
@@ -79,7 +79,7 @@ def announce_start(context: StepContext) -> None:
 
 class _Pulse:
     def __init__(self, context: StepContext, step_thread: int, every: float) -> None:
-        from pipeline.storage.files import open_storage
+        from pipeline.storage.opening import open_storage
 
         self.context, self.step_thread, self.every = context, step_thread, every
         base = f"{context.output_path.rstrip('/')}/{LOGS_DIR}"

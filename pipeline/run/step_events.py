@@ -136,7 +136,7 @@ def lease_lost(what: str, why: str) -> NoReturn:
 def warn(message: str, data: Mapping[str, Any] | None = None, context: StepContext | None = None) -> bool:
     """Record a WARNING note in the running step's `.status`; returns whether it was recorded."""
     from pipeline.core.records import Event
-    from pipeline.storage.files import open_storage
+    from pipeline.storage.opening import open_storage
     from pipeline.storage.step_store import StepStore
 
     logger.warning("%s", message)
@@ -228,8 +228,8 @@ def _progress(
         **({"data": dict(data)} if data else {}),
     }
     try:
-        from pipeline.storage.files import open_storage
         from pipeline.storage.layout import PROGRESS
+        from pipeline.storage.opening import open_storage
 
         payload = json.dumps(record, default=str).encode()
         open_storage(context.output_path).write(f"{context.output_path.rstrip('/')}/{PROGRESS}", payload)

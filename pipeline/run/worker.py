@@ -139,7 +139,7 @@ class _LogSync:
     The periodic writes come from one thread per process (`_SYNCER`), not one per attempt."""
 
     def __init__(self, read: Callable[[], bytes], log_path: str, fence: Fence | None, every: float) -> None:
-        from pipeline.storage.files import open_storage
+        from pipeline.storage.opening import open_storage
 
         self._read, self._path, self._fence, self.every = read, log_path, fence, every
         self._storage = open_storage(log_path)
@@ -459,7 +459,7 @@ def _lease_deadline(context: StepContext, driver: _Driver | None = None) -> Call
     or once its driver (learned from the lease) is gone; None for an empty or partial record
     (local disk rewrites `.lease` in place under a lock that readers do not take), which tells
     nothing."""
-    from pipeline.storage.files import open_storage
+    from pipeline.storage.opening import open_storage
     from pipeline.storage.step_store import StepStore
 
     store = StepStore(open_storage(context.output_path))

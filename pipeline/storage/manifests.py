@@ -90,7 +90,7 @@ def parse_manifest(data: bytes, location: str) -> dict[str, Any]:
 
 def load_manifest(location: str) -> dict[str, Any]:
     """Read a manifest from a local path or any fsspec URL; errors name the location."""
-    from pipeline.storage.files import open_storage
+    from pipeline.storage.opening import open_storage
 
     try:
         data = open_storage(location).read(location)

@@ -44,8 +44,9 @@ from pipeline.core.records import (
 )
 from pipeline.errors import StorageAccessDenied, StorageError
 from pipeline.processes import pid_alive
-from pipeline.storage.files import Storage, map_reads
+from pipeline.storage.files import Storage
 from pipeline.storage.layout import CORRUPT_PREFIX, LEASE, PROGRESS, STATUS, STEP_JSON, is_payload
+from pipeline.storage.opening import map_reads
 
 __all__ = ["Acquired", "AlreadyDone", "Held", "StepStore", "content_digest"]
 

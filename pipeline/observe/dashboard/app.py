@@ -41,7 +41,8 @@ from pipeline.observe.dag_render import DagNode, state_color, to_svg
 from pipeline.observe.dashboard import data, is_loopback
 from pipeline.observe.dashboard.run_page import RunPage, read_run_page
 from pipeline.observe.render import is_table
-from pipeline.storage.files import Storage, open_storage
+from pipeline.storage.files import Storage
+from pipeline.storage.opening import open_storage
 from pipeline.storage.step_store import StepStore
 
 __all__ = ["MAX_DAG_NODES", "MAX_TABLE_ROWS", "create_app"]

@@ -46,9 +46,10 @@ from pipeline.observe.dashboard.records import (
 from pipeline.observe.live import runner_gone
 from pipeline.observe.metrics import METRICS_DIR, METRICS_FILE
 from pipeline.processes import host_id
-from pipeline.storage.files import Storage, map_reads
+from pipeline.storage.files import Storage
 from pipeline.storage.layout import LOGS_DIR, is_label, is_payload, log_token, step_dir
 from pipeline.storage.manifests import list_manifests, list_run_records, manifest_dir, run_record_dir
+from pipeline.storage.opening import map_reads
 from pipeline.storage.step_store import StepStore
 
 __all__ = [

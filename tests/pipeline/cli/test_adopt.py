@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pipeline.observe.prune import plan_gc
 from pipeline.processes import current_owner
-from pipeline.storage.files import open_storage
+from pipeline.storage.opening import open_storage
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -20,8 +20,8 @@ from pipeline.observe.compare import (
     rows_json,
     sort_rows,
 )
-from pipeline.storage.files import open_storage
 from pipeline.storage.manifests import list_manifests, load_manifest, manifest_dir
+from pipeline.storage.opening import open_storage
 from pipeline.storage.step_store import StepStore
 from tests.pipeline.observe.dashboard.fixture_steps import (
     CorpusConfig,

@@ -14,7 +14,7 @@ from pipeline.observe.metrics import (
     segment_index,
     segment_name,
 )
-from pipeline.storage.files import open_storage
+from pipeline.storage.opening import open_storage
 
 
 def _line(step: int, **values: object) -> str:

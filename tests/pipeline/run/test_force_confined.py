@@ -13,7 +13,7 @@ import pytest
 
 from pipeline import ExecutorMainConfig, Step, run_experiment, this_output, versioned
 from pipeline.core.report import RunReport
-from pipeline.storage.files import open_storage
+from pipeline.storage.opening import open_storage
 from tests.pipeline.objstepfns import add_values
 from tests.pipeline.run.test_recipe import drydock
 from tests.pipeline.stepfns import WriteConfig

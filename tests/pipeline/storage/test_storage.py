@@ -13,7 +13,8 @@ from pipeline.core.lease import LeaseRecord, Owner
 from pipeline.core.records import Event, parse_status
 from pipeline.errors import StorageError
 from pipeline.processes import current_owner
-from pipeline.storage.files import LocalStorage, open_storage
+from pipeline.storage.files import LocalStorage
+from pipeline.storage.opening import open_storage
 from pipeline.storage.step_store import Acquired, AlreadyDone, Held, StepStore
 
 

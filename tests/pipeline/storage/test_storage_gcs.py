@@ -23,8 +23,9 @@ import pytest
 
 from pipeline.core.records import Event
 from pipeline.processes import current_owner
-from pipeline.storage.files import ConditionalStorage, open_storage
+from pipeline.storage.files import ConditionalStorage
 from pipeline.storage.object_stores import GCSObjects
+from pipeline.storage.opening import open_storage
 from pipeline.storage.step_store import Acquired, StepStore
 
 

@@ -30,8 +30,9 @@ from pipeline.core.records import Event
 from pipeline.errors import StorageError
 from pipeline.processes import current_owner
 from pipeline.run.executor import RunReport
-from pipeline.storage.files import ConditionalStorage, open_storage
+from pipeline.storage.files import ConditionalStorage
 from pipeline.storage.object_stores import S3Objects
+from pipeline.storage.opening import open_storage
 from pipeline.storage.step_store import Acquired, StepStore
 from tests.faultfs import Fault, FaultFS
 from tests.pipeline.cli.test_cli import ROOT, env, wait_for_file

@@ -11,7 +11,7 @@ import pytest
 
 from pipeline import Step, StepDeclarationError, this_output
 from pipeline.processes import current_owner
-from pipeline.storage.files import open_storage
+from pipeline.storage.opening import open_storage
 from pipeline.storage.step_store import StepStore
 from steps.evaluation.follow import FollowSettings, check_follow, follow_checkpoints, read_step_results
 from steps.training.models import TINY_MOE

@@ -33,7 +33,7 @@ from pipeline.observe.render import format_preview
 from pipeline.processes import current_owner
 from pipeline.run import step_events
 from pipeline.run.fence import Fence, LeaseExpired, fenced_thread
-from pipeline.storage.files import open_storage
+from pipeline.storage.opening import open_storage
 from pipeline.storage.step_store import StepStore
 from steps.evaluation.evaluate import EvaluateConfig, plot_loss
 from steps.evaluation.evaluate import report as evaluate_report

@@ -326,7 +326,7 @@ def test_a_step_kind_the_dashboard_has_no_code_for_shows_its_report(tmp_path):
 
 def test_a_running_step_page_reloads_itself_and_a_finished_one_does_not(dashboard, runs, tmp_path):
     from pipeline.processes import current_owner
-    from pipeline.storage.files import open_storage
+    from pipeline.storage.opening import open_storage
     from pipeline.storage.step_store import StepStore
 
     finished = runs.label(runs.demo, "train/tiny")

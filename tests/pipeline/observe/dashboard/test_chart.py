@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from pipeline.observe.dashboard import chart, data
 from pipeline.observe.dashboard.records import Metrics
 from pipeline.observe.metrics import parse_events, parse_metrics, read_metrics_data, segment_name
-from pipeline.storage.files import open_storage
+from pipeline.storage.opening import open_storage
 
 
 def reference(storage, directory: str, max_points: int = data.MAX_CHART_POINTS) -> Metrics | None:

@@ -16,7 +16,7 @@ from pipeline.core.lease import LeaseRecord
 from pipeline.core.records import StatusEvent, StepRecord, parse_status
 from pipeline.observe.dashboard import data
 from pipeline.processes import host_id, process_start_time
-from pipeline.storage.files import open_storage
+from pipeline.storage.opening import open_storage
 from pipeline.storage.step_store import StepStore
 from tests.pipeline.observe.dashboard.fixture_steps import loss_at
 
