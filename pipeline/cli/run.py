@@ -33,7 +33,7 @@ from pipeline.run.backends.ray_resources import follower_shortfalls
 from pipeline.run.experiment import run_experiment
 from pipeline.run.hooks import step_previews, step_reports, step_warnings
 from pipeline.run.options import parse_options, validate_options
-from pipeline.run.worker import QuietConsole
+from pipeline.run.step_logs import QuietConsole
 from pipeline.step import Step
 from pipeline.storage.layout import LOGS_DIR, log_token
 from pipeline.storage.manifests import experiment_name, is_manifest, manifest_path

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from pipeline.run import worker
+from pipeline.run import step_logs
 from pipeline.run.step_events import StepContext
 from pipeline.run.worker import Placement, call_step
 
@@ -78,10 +78,10 @@ def test_a_running_attempts_log_is_written_out_as_it_grows(tmp_path, placement):
     watcher = threading.Thread(target=watch)
     watcher.start()
     if placement is Placement.PROCESS:
-        with worker._captured(str(log), sync_every=0.05):
+        with step_logs.captured(str(log), sync_every=0.05):
             _talks_late(0.5)
     else:
-        with worker._captured_thread(str(log), echo=False, sync_every=0.05):
+        with step_logs.captured_thread(str(log), echo=False, sync_every=0.05):
             _talks_late(0.5)
     watcher.join()
     assert seen and "second" not in seen[0]  # written out while the step still ran
