@@ -46,7 +46,7 @@ import uuid
 
 import fsspec
 
-from pipeline.observe.dashboard.data import read_metrics as dashboard_metrics
+from pipeline.observe.dashboard.step_data import read_metrics as dashboard_metrics
 from pipeline.observe.metrics import read_metrics_data
 from pipeline.storage.opening import map_reads, open_storage
 from steps.files import write_file

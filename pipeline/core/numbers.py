@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["MAX_TIME", "finite_number", "usable_time"]
+__all__ = ["MAX_TIME", "finite_number", "finite_or_none", "usable_time"]
 
 MAX_TIME = 253402300799.0
 """9999-12-31 23:59:59 UTC in seconds since the epoch: the last moment a `datetime` can hold."""
@@ -28,3 +28,10 @@ def usable_time(value: Any) -> bool:
     """Whether `value` is a time in seconds since the epoch that clocks and calendars can hold:
     a finite number between 0 and the end of year 9999."""
     return finite_number(value) and 0 <= value <= MAX_TIME
+
+
+def finite_or_none(value: Any) -> float | None:
+    """A finite float, else None (a NaN loss is a gap in a chart, not an invalid JSON document)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None

@@ -148,7 +148,7 @@ def test_metadata_of_the_wrong_type_is_corrupt_everywhere_and_force_gets_past_it
     """Issue 19: well-formed JSON with fields of the wrong type gave tracebacks in plan, status,
     run and the dashboard (500), and `--force` could not get past them; an unknown event after
     SUCCESS silently un-committed the step."""
-    from pipeline.observe.dashboard import data
+    from pipeline.observe.dashboard import step_data
     from pipeline.storage.files import LocalStorage
     from pipeline.storage.step_store import StepStore
 
@@ -195,7 +195,7 @@ def test_metadata_of_the_wrong_type_is_corrupt_everywhere_and_force_gets_past_it
         assert shown.returncode == 0, shown.stderr
         assert status_json(exp)["mid/m0"]["status"] == "CORRUPT"
         label = target.relative_to(exp.prefix).as_posix()
-        detail = data.read_step(StepStore(LocalStorage()), str(exp.prefix), label)
+        detail = step_data.read_step(StepStore(LocalStorage()), str(exp.prefix), label)
         assert detail.corrupt and expect in detail.corrupt
         forced = cli(exp, "run", "--force", "^mid/m0$")
         assert forced.returncode == 0, (damage, forced.stderr)

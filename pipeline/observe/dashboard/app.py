@@ -38,7 +38,7 @@ from pipeline.core.figures import FIGURES, figures_text, live_figures
 from pipeline.core.numbers import finite_number, usable_time
 from pipeline.errors import StorageError
 from pipeline.observe.dag_render import DagNode, state_color, to_svg
-from pipeline.observe.dashboard import data, is_loopback
+from pipeline.observe.dashboard import data, is_loopback, step_data
 from pipeline.observe.dashboard.run_page import RunPage, read_run_page
 from pipeline.observe.render import is_table
 from pipeline.storage.files import Storage
@@ -251,7 +251,7 @@ def create_app(prefix: str, allowed_hosts: Sequence[str] = ()) -> FastAPI:
     @app.get("/steps/{label:path}/logs/{name}", response_class=HTMLResponse)
     def log(request: Request, label: str, name: str) -> HTMLResponse:
         try:
-            text, cut = data.read_log(storage, prefix, label, name)
+            text, cut = step_data.read_log(storage, prefix, label, name)
         except data.NotFound as e:
             return error_page(request, 404, str(e))
         return page(request, "log.html", label=label, name=name, text=text, cut=cut)
@@ -259,7 +259,7 @@ def create_app(prefix: str, allowed_hosts: Sequence[str] = ()) -> FastAPI:
     @app.get("/steps/{label:path}", response_class=HTMLResponse)
     def step(request: Request, label: str, experiment: str | None = None) -> HTMLResponse:
         try:
-            detail = data.read_step(store, prefix, label)
+            detail = step_data.read_step(store, prefix, label)
         except data.NotFound as e:
             return error_page(request, 404, str(e))
         # Only for the breadcrumb link back; a name that is not an experiment id is dropped.
@@ -292,7 +292,7 @@ def _step_context(storage: Storage, prefix: str, detail: data.StepDetail) -> dic
     latest_log = None
     if detail.logs:
         try:
-            text, _cut = data.read_log(storage, prefix, detail.label, detail.logs[-1])
+            text, _cut = step_data.read_log(storage, prefix, detail.label, detail.logs[-1])
         except data.NotFound:  # e.g. a link out of the prefix: the page shows no tail
             text = None
         if text is not None:
@@ -443,7 +443,7 @@ def _add_api(app: FastAPI, store: StepStore, prefix: str) -> None:
     @app.get("/api/steps/{label:path}")
     def api_step(label: str) -> JSONResponse:
         try:
-            detail = data.read_step(store, prefix, label)
+            detail = step_data.read_step(store, prefix, label)
         except data.NotFound as e:
             return JSONResponse({"error": str(e)}, status_code=404)
         return JSONResponse({**_plain(detail), "run": _plain(_run_page(store.storage, prefix, detail))})

@@ -192,7 +192,7 @@ def test_a_branch_is_drawn_from_where_it_left_its_trunk(tmp_path):
     ]  # the trunk's step 10, then its own
     assert drawn["eval"] == [[10, 4.2]]
     # The run page lists it among the step's events, where it branched.
-    from pipeline.observe.dashboard.data import read_metrics
+    from pipeline.observe.dashboard.step_data import read_metrics
 
     chart = read_metrics(open_storage(str(tmp_path)), str(branch))
     assert [(e["event"], e["step"], e["message"]) for e in chart.events] == [

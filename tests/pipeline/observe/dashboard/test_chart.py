@@ -12,13 +12,14 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.observe.dashboard import chart, data
+from pipeline.core.numbers import finite_or_none
+from pipeline.observe.dashboard import chart, step_data
 from pipeline.observe.dashboard.records import Metrics
 from pipeline.observe.metrics import parse_events, parse_metrics, read_metrics_data, segment_name
 from pipeline.storage.opening import open_storage
 
 
-def reference(storage, directory: str, max_points: int = data.MAX_CHART_POINTS) -> Metrics | None:
+def reference(storage, directory: str, max_points: int = step_data.MAX_CHART_POINTS) -> Metrics | None:
     """The chart as built before summaries: every line of every file parsed at every read."""
     text = read_metrics_data(directory, storage.read, storage.listdir)
     if text is None:
@@ -34,28 +35,28 @@ def reference(storage, directory: str, max_points: int = data.MAX_CHART_POINTS) 
         routed_shown.append(routed[-1])
     return Metrics(
         steps=tuple(int(r["step"]) for r in shown),
-        loss=tuple(data._number(r.get("loss")) for r in shown),
-        learning_rate=tuple(data._number(r.get("learning_rate")) for r in shown),
+        loss=tuple(finite_or_none(r.get("loss")) for r in shown),
+        learning_rate=tuple(finite_or_none(r.get("learning_rate")) for r in shown),
         total_steps=len(ordered),
         last=ordered[-1] if ordered else {},
         eval_steps=tuple(int(r["step"]) for r in ordered if "eval/loss" in r),
-        eval_loss=tuple(data._number(r["eval/loss"]) for r in ordered if "eval/loss" in r),
-        events=tuple(data._event(e) for e in parse_events(text.splitlines())),
-        tokens_per_second=tuple(data._number(r.get("tokens_per_second")) for r in shown),
-        mfu=tuple(data._number(r.get("throughput/mfu", r.get("mfu"))) for r in shown),
+        eval_loss=tuple(finite_or_none(r["eval/loss"]) for r in ordered if "eval/loss" in r),
+        events=tuple(step_data._event(e) for e in parse_events(text.splitlines())),
+        tokens_per_second=tuple(finite_or_none(r.get("tokens_per_second")) for r in shown),
+        mfu=tuple(finite_or_none(r.get("throughput/mfu", r.get("mfu"))) for r in shown),
         step_seconds=chart.step_time_summary(
             [
                 b["wall_time"] - a["wall_time"]
                 for a, b in itertools.pairwise(ordered)
                 if b["step"] == a["step"] + 1
-                and all(data._number(r.get("wall_time")) is not None for r in (a, b))
+                and all(finite_or_none(r.get("wall_time")) is not None for r in (a, b))
                 and b["wall_time"] > a["wall_time"]
             ]
         ),
         router_steps=tuple(int(r["step"]) for r in routed_shown),
-        router_max_load_ratio=tuple(data._number(r["router_max_load_ratio"]) for r in routed_shown),
+        router_max_load_ratio=tuple(finite_or_none(r["router_max_load_ratio"]) for r in routed_shown),
         router_mean_max_load_ratio=tuple(
-            data._number(r.get("router/mean_max_load_ratio")) for r in routed_shown
+            finite_or_none(r.get("router/mean_max_load_ratio")) for r in routed_shown
         ),
     )
 
@@ -122,9 +123,11 @@ def test_the_chart_is_what_parsing_every_line_gives(tmp_path_factory, seed, step
     lines = _lines(rng, steps)
     _write(directory, lines, [rng.randrange(len(lines) + 1) for _ in range(segments - 1)])
     storage = open_storage(str(directory.parent.parent))
-    read_all = data._read_all(storage)
+    read_all = step_data._read_all(storage)
     for _ in range(2):  # the second time from the summaries of the closed segments
-        got = chart.read_chart(str(directory), storage.listdir, read_all, points, data._number, data._event)
+        got = chart.read_chart(
+            str(directory), storage.listdir, read_all, points, finite_or_none, step_data._event
+        )
         assert got == reference(storage, str(directory), points)
 
 
@@ -144,15 +147,17 @@ def test_closed_segments_are_parsed_once_and_a_rewritten_one_again(tmp_path):
     lines = [json.dumps({"step": s, "train/loss": 3.0 - s / 100}) for s in range(300)]
     _write(directory, lines, [100, 200])
     storage = open_storage(str(tmp_path))
-    read_all = data._read_all(storage)
+    read_all = step_data._read_all(storage)
     hits = chart._CACHE.hits
-    first = data.read_metrics(storage, str(directory))
+    first = step_data.read_metrics(storage, str(directory))
     assert chart._CACHE.hits == hits  # nothing summarized yet
-    assert data.read_metrics(storage, str(directory)) == first
+    assert step_data.read_metrics(storage, str(directory)) == first
     assert chart._CACHE.hits == hits + 2  # the two closed segments; the open one is parsed again
     # A resume cut the second segment at step 150 and the run went on from there with new values.
     lines = lines[:151] + [json.dumps({"step": s, "train/loss": 1.0}) for s in range(151, 260)]
     _write(directory, lines, [100, 151])
-    after = chart.read_chart(str(directory), storage.listdir, read_all, 2000, data._number, data._event)
+    after = chart.read_chart(
+        str(directory), storage.listdir, read_all, 2000, finite_or_none, step_data._event
+    )
     assert after == reference(storage, str(directory), 2000)
     assert after is not None and after.total_steps == 260 and after.loss[-1] == 1.0

@@ -14,7 +14,7 @@ import pytest
 
 from pipeline.core.lease import LeaseRecord
 from pipeline.core.records import StatusEvent, StepRecord, parse_status
-from pipeline.observe.dashboard import data
+from pipeline.observe.dashboard import data, step_data
 from pipeline.processes import host_id, process_start_time
 from pipeline.storage.opening import open_storage
 from pipeline.storage.step_store import StepStore
@@ -54,7 +54,7 @@ def test_experiment_joins_manifest_and_status(runs):
 
 def test_step_detail_reads_every_file(runs):
     label = runs.label(runs.demo, "train/tiny")
-    detail = data.read_step(store_of(runs.prefix), runs.prefix, label)
+    detail = step_data.read_step(store_of(runs.prefix), runs.prefix, label)
     assert detail.state == "SUCCESS" and not detail.stale
     assert [e.event for e in detail.events] == ["RUNNING", "WARNING", "SUCCESS"]
     assert detail.events[1].message.startswith("loss spike at step 30")
@@ -69,7 +69,7 @@ def test_step_detail_reads_every_file(runs):
     assert metrics.last["tokens_per_second"] == 1039.0 and metrics.last["loss"] == pytest.approx(loss_at(39))
     assert detail.results is None
 
-    evaluation = data.read_step(store_of(runs.prefix), runs.prefix, runs.label(runs.demo, "eval/tiny"))
+    evaluation = step_data.read_step(store_of(runs.prefix), runs.prefix, runs.label(runs.demo, "eval/tiny"))
     assert evaluation.results is not None and evaluation.results.checkpoint_step == 39
     assert set(evaluation.results.sets) == {"web", "code"}
     assert evaluation.results.sets["web"]["loss"] == pytest.approx(loss_at(39) + 0.1)
@@ -77,7 +77,7 @@ def test_step_detail_reads_every_file(runs):
 
 
 def test_failed_step_keeps_its_traceback(runs):
-    detail = data.read_step(store_of(runs.prefix), runs.prefix, runs.label(runs.broken, "train/broken"))
+    detail = step_data.read_step(store_of(runs.prefix), runs.prefix, runs.label(runs.broken, "train/broken"))
     assert detail.state == "FAILED"
     failed = detail.events[-1]
     assert "FloatingPointError" in failed.data["traceback"]
@@ -86,11 +86,11 @@ def test_failed_step_keeps_its_traceback(runs):
 def test_log_is_read_only_by_a_listed_name(runs):
     storage = open_storage(runs.prefix)
     label = runs.label(runs.demo, "train/tiny")
-    text, cut = data.read_log(storage, runs.prefix, label, "attempt-1.log")
+    text, cut = step_data.read_log(storage, runs.prefix, label, "attempt-1.log")
     assert text.endswith("train_tiny: done\n") and not cut
     for name in ("attempt-2.log", "../.status", "../../experiments"):
         with pytest.raises(data.NotFound):
-            data.read_log(storage, runs.prefix, label, name)
+            step_data.read_log(storage, runs.prefix, label, name)
 
 
 @pytest.mark.parametrize(
@@ -105,7 +105,7 @@ def test_log_is_read_only_by_a_listed_name(runs):
 )
 def test_bad_or_unknown_labels_are_not_found(runs, label):
     with pytest.raises(data.NotFound):
-        data.read_step(store_of(runs.prefix), runs.prefix, label)
+        step_data.read_step(store_of(runs.prefix), runs.prefix, label)
 
 
 def test_unknown_experiment_is_not_found(runs):
@@ -116,14 +116,14 @@ def test_unknown_experiment_is_not_found(runs):
 def test_metrics_thinning_keeps_the_last_point_and_skips_torn_lines(tmp_path):
     step_dir = tmp_path / "train" / "long-0123456789ab"
     step_dir.mkdir(parents=True)
-    n = data.MAX_CHART_POINTS * 3 + 7
+    n = step_data.MAX_CHART_POINTS * 3 + 7
     lines = [json.dumps({"step": s, "loss": 1.0 / (s + 1)}) for s in range(n)]
     lines.insert(10, '{"step": 5, "loss": NaN}')  # a NaN loss (json writes it so) is a gap
     lines.append('{"step": 99999, "loss"')  # a torn last line from a kill
     (step_dir / "metrics.jsonl").write_text("\n".join(lines))
-    metrics = data.read_metrics(open_storage(str(tmp_path)), str(step_dir))
+    metrics = step_data.read_metrics(open_storage(str(tmp_path)), str(step_dir))
     assert metrics is not None and metrics.total_steps == n
-    assert len(metrics.steps) <= data.MAX_CHART_POINTS + 1 and metrics.steps[-1] == n - 1
+    assert len(metrics.steps) <= step_data.MAX_CHART_POINTS + 1 and metrics.steps[-1] == n - 1
     assert metrics.steps == tuple(sorted(metrics.steps)) and metrics.steps[0] == 0
     assert all(v is None or math.isfinite(v) for v in metrics.loss)
 
@@ -138,10 +138,10 @@ def test_a_step_on_object_storage_charts_its_segments_as_one_file(tmp_path):
         '{"step": 2, "loss": 1.0}\n{"event": "spike", "step": 2}\n'
     )
     (step_dir / ".status").write_text("")
-    metrics = data.read_metrics(open_storage(str(tmp_path)), str(step_dir))
+    metrics = step_data.read_metrics(open_storage(str(tmp_path)), str(step_dir))
     assert metrics is not None and metrics.steps == (0, 1, 2) and metrics.loss == (3.0, 2.0, 1.0)
     assert [e["event"] for e in metrics.events] == ["spike"]
-    detail = data.read_step(store_of(str(tmp_path)), str(tmp_path), "train/seg-0123456789ab")
+    detail = step_data.read_step(store_of(str(tmp_path)), str(tmp_path), "train/seg-0123456789ab")
     assert detail.metrics is not None and detail.metrics.total_steps == 3
 
 
@@ -150,18 +150,20 @@ def test_a_followers_curve_is_read_and_a_malformed_one_ignored(tmp_path):
     step_dir.mkdir(parents=True)
     curve = {"ylabel": "accuracy", "steps": [10, 20], "series": {"stories": [0.3, float("nan")], "odd": [1]}}
     (step_dir / "curve.json").write_text(json.dumps(curve))
-    detail = data.read_step(store_of(str(tmp_path)), str(tmp_path), "eval/follow-0123456789ab")
+    detail = step_data.read_step(store_of(str(tmp_path)), str(tmp_path), "eval/follow-0123456789ab")
     # A NaN is a gap; a series of the wrong length is dropped.
     assert detail.curve == {"ylabel": "accuracy", "steps": [10, 20], "series": {"stories": [0.3, None]}}
     (step_dir / "curve.json").write_text(json.dumps({"steps": "not a list"}))
-    assert data.read_step(store_of(str(tmp_path)), str(tmp_path), "eval/follow-0123456789ab").curve is None
+    assert (
+        step_data.read_step(store_of(str(tmp_path)), str(tmp_path), "eval/follow-0123456789ab").curve is None
+    )
 
 
 def test_foreign_results_file_is_a_problem_not_a_crash(tmp_path):
     step_dir = tmp_path / "eval" / "odd-0123456789ab"
     step_dir.mkdir(parents=True)
     (step_dir / "results.json").write_text(json.dumps({"accuracy": 0.5}))
-    detail = data.read_step(store_of(str(tmp_path)), str(tmp_path), "eval/odd-0123456789ab")
+    detail = step_data.read_step(store_of(str(tmp_path)), str(tmp_path), "eval/odd-0123456789ab")
     assert detail.results is None
     assert detail.problems == (
         "results.json is not in the evaluate step's format: results.json has no `validation_sets` mapping",
@@ -187,7 +189,7 @@ def test_corrupt_status_is_reported(tmp_path):
     step_dir = tmp_path / "data" / "x-0123456789ab"
     step_dir.mkdir(parents=True)
     (step_dir / ".status").write_text("not json\n")
-    detail = data.read_step(store_of(str(tmp_path)), str(tmp_path), "data/x-0123456789ab")
+    detail = step_data.read_step(store_of(str(tmp_path)), str(tmp_path), "data/x-0123456789ab")
     assert detail.state is None and detail.corrupt and ".status line 1 is corrupt" in detail.corrupt
 
 
@@ -274,7 +276,7 @@ def test_running_step_in_an_experiment_has_state_and_progress(tmp_path):
     (row,) = detail.steps
     assert (row.manifest_state, row.state) == ("RUN", "RUNNING")
     assert row.progress is not None and row.progress.percent == 75
-    step = data.read_step(store_of(str(tmp_path)), str(tmp_path), label)
+    step = step_data.read_step(store_of(str(tmp_path)), str(tmp_path), label)
     assert step.state == "RUNNING" and not step.stale and step.progress == row.progress
 
 
