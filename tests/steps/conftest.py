@@ -1,4 +1,5 @@
-"""Fixtures for the step library: a small tokenizer trained on the fly, and small corpora."""
+"""Fixtures for the step library: a small tokenizer trained on the fly, small corpora, and the tiny
+MoE trained once per session (`trained_tiny`)."""
 
 from __future__ import annotations
 
@@ -78,3 +79,16 @@ def tokenizer_dir(tmp_path_factory) -> str:
         json.dumps({"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|pad|>"})
     )
     return str(out)
+
+
+@pytest.fixture(scope="session")
+def trained_tiny(tmp_path_factory) -> tuple[Path, Path, str]:
+    """(experiment file, prefix, the run's stderr) of the tiny Qwen3-MoE trained 40 steps (AdamW,
+    3e-3, 10% warmup) and evaluated (`tests.steps.tiny.EXPERIMENT`): trained once per session for
+    the tests that read a trained model. A test that changes it works on a copy of the prefix."""
+    from tests.steps.tiny import QWEN, experiment, train_and_evaluate
+
+    root = tmp_path_factory.mktemp("trained_tiny")
+    exp = experiment(root, dict(QWEN), dict(name="adamw", learning_rate=3e-3, warmup=0.1), steps=40)
+    result = train_and_evaluate(exp, root / "prefix")
+    return exp, root / "prefix", result.stderr

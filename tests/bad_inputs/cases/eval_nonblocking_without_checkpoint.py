@@ -4,9 +4,9 @@
 # args:
 from pipeline import executor_main
 from steps.evaluation.evaluate import evaluate_step
-from tests.steps.evaluation.test_follow import tiny_training
+from tests.steps.tiny import declared_training
 
-train = tiny_training()
+train = declared_training()
 evaluation = evaluate_step("evaluate/x", train=train, data=train, seq_len=64, blocking=False)
 
 if __name__ == "__main__":

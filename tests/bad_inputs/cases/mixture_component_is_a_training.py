@@ -3,7 +3,7 @@
 # expect: step 'mixture/tiny', field `components['prose']`: 'train/tiny' is a train_moe step
 # args:
 from pipeline import executor_main
-from tests.bad_inputs.tiny import mix, tok, train
+from tests.steps.tiny import mix, tok, train
 
 step = mix(components={"prose": train(), "arithmetic": tok("arithmetic")})
 

@@ -3,7 +3,7 @@
 # expect: step 'mixture/tiny', field `weights`: phase 0 (from step 0) has no positive weight
 # args:
 from pipeline import executor_main
-from tests.bad_inputs.tiny import mix
+from tests.steps.tiny import mix
 
 step = mix(weights={"prose": 0.0, "arithmetic": 0.0})
 

@@ -3,7 +3,7 @@
 # expect: step 'mixture/tiny', field `weights`: phase 0 names unknown component(s) ['prsoe']
 # args:
 from pipeline import executor_main
-from tests.bad_inputs.tiny import mix
+from tests.steps.tiny import mix
 
 step = mix(weights={"prsoe": 0.5, "arithmetic": 0.5})
 

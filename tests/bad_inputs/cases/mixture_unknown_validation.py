@@ -3,7 +3,7 @@
 # expect: step 'mixture/tiny', field `validation`: unknown component(s) ['code']
 # args:
 from pipeline import executor_main
-from tests.bad_inputs.tiny import mix
+from tests.steps.tiny import mix
 
 step = mix(validation=["code"])
 

@@ -8,7 +8,7 @@ import os
 from pipeline import executor_main
 from steps.evaluation.eval_tasks import inline_task
 from steps.evaluation.task_eval import task_eval_step
-from tests.steps.evaluation.test_follow import tiny_training
+from tests.steps.tiny import declared_training
 
 sums = inline_task(
     "sums",
@@ -19,7 +19,7 @@ sums = inline_task(
 )
 tasks = task_eval_step(
     "tasks/x",
-    train=tiny_training(),
+    train=declared_training(),
     tasks=[sums],
     data_root=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 )

@@ -5,7 +5,7 @@
 from pipeline import executor_main
 from steps.evaluation.eval_tasks import inline_task
 from steps.evaluation.task_eval import task_eval_step
-from tests.steps.evaluation.test_follow import tiny_training
+from tests.steps.tiny import declared_training
 
 sums = inline_task(
     "sums",
@@ -14,7 +14,7 @@ sums = inline_task(
     doc_to_choice="{{choices}}",
     doc_to_target="{{gold}}",
 )
-tasks = task_eval_step("tasks/x", train=tiny_training(), tasks=[sums], data_root="/nowhere")
+tasks = task_eval_step("tasks/x", train=declared_training(), tasks=[sums], data_root="/nowhere")
 
 if __name__ == "__main__":
     executor_main([tasks])

@@ -7,7 +7,7 @@ import dataclasses
 from pipeline import executor_main
 from steps.evaluation.demo_tasks import demo_task
 from steps.evaluation.task_eval import task_eval_step
-from tests.bad_inputs.tiny import ROOT, train
+from tests.steps.tiny import ROOT, train
 
 task = dataclasses.replace(demo_task("sums"), doc_to_text="{{ query.__class__ }}")
 step = task_eval_step("tasks/x", train=train(), tasks=[task], data_root=ROOT)

@@ -6,9 +6,9 @@ import os
 
 from pipeline import executor_main
 from steps.evaluation.task_eval import task_eval_step
-from tests.steps.evaluation.test_follow import tiny_training
+from tests.steps.tiny import declared_training
 
-tasks = task_eval_step("tasks/x", train=tiny_training(), tasks=["piqa"], task_data=os.getcwd())
+tasks = task_eval_step("tasks/x", train=declared_training(), tasks=["piqa"], task_data=os.getcwd())
 
 if __name__ == "__main__":
     executor_main([tasks])

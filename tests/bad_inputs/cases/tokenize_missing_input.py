@@ -3,7 +3,7 @@
 # expect: step 'tokenized/prose', field `train[0]`: train input 'data/corpus/prose/tran-*.jsonl'
 # args:
 from pipeline import executor_main
-from tests.bad_inputs.tiny import tok
+from tests.steps.tiny import tok
 
 step = tok("prose", train=["data/corpus/prose/tran-*.jsonl"])
 

@@ -3,7 +3,7 @@
 # expect: step 'tokenized/prose', field `tokenizer`: no tokenizer directory
 # args:
 from pipeline import executor_main
-from tests.bad_inputs.tiny import tok
+from tests.steps.tiny import tok
 
 step = tok("prose", tokenizer="data/tokenizr")
 

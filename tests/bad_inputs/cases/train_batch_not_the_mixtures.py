@@ -3,7 +3,7 @@
 # expect: step 'train/tiny', field `batch_size`: 16 does not match the 8 that mixture 'mixture/tiny'
 # args:
 from pipeline import executor_main
-from tests.bad_inputs.tiny import train
+from tests.steps.tiny import train
 
 step = train(batch_size=16)
 

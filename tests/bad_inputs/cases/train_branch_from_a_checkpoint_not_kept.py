@@ -3,7 +3,7 @@
 # expect: field `init_step`: the training keeps checkpoints every 50 steps and at its final step 99; step 30
 # args:
 from pipeline import executor_main
-from tests.bad_inputs.tiny import train
+from tests.steps.tiny import train
 
 trunk = train()
 step = train(init_from=trunk, init_step=30)

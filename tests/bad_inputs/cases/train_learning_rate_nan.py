@@ -4,7 +4,7 @@
 # args:
 from pipeline import executor_main
 from steps.training.train_moe import OptimizerSpec
-from tests.bad_inputs.tiny import train
+from tests.steps.tiny import train
 
 step = train(OptimizerSpec(learning_rate=float("nan")))
 

@@ -3,7 +3,7 @@
 # expect: step 'train/tiny', field `num_steps`: 150 steps is longer than the mixture 'mixture/tiny'
 # args:
 from pipeline import executor_main
-from tests.bad_inputs.tiny import train
+from tests.steps.tiny import train
 
 step = train(num_steps=150)
 

@@ -4,7 +4,7 @@
 # args:
 from pipeline import Resources, executor_main
 from steps.training.mesh import MeshSpec
-from tests.bad_inputs.tiny import train
+from tests.steps.tiny import train
 
 step = train(mesh=MeshSpec(data=4, tensor=2), resources=Resources(gpus=8, hosts=2, accelerator="H100"))
 

@@ -3,7 +3,7 @@
 # expect: step 'train/tiny', field `num_steps`: must be a positive whole number, got 0
 # args:
 from pipeline import executor_main
-from tests.bad_inputs.tiny import train
+from tests.steps.tiny import train
 
 step = train(num_steps=0)
 

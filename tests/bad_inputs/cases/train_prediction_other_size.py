@@ -6,7 +6,7 @@ from pipeline import executor_main
 from steps.scaling.prediction import predicted_by
 from steps.scaling.scaling_fit import ScalingPoint, scaling_fit_step
 from steps.training.models import tiny_moe
-from tests.bad_inputs.tiny import train
+from tests.steps.tiny import train
 
 ladder = scaling_fit_step(
     "scaling/ladder",

@@ -4,7 +4,7 @@
 # args:
 from pipeline import executor_main
 from steps.training.spikes import SpikePolicy
-from tests.bad_inputs.tiny import train
+from tests.steps.tiny import train
 
 step = train(spike_policy=SpikePolicy(action="rewind"), keep_checkpoints=1)
 

@@ -4,7 +4,7 @@
 # args:
 from pipeline import executor_main
 from steps.training.train_moe import Stability
-from tests.bad_inputs.tiny import train
+from tests.steps.tiny import train
 
 step = train(stability=Stability(update_rms_clipping=1.0, clip_update_sigma=3.0))
 

@@ -144,12 +144,12 @@ def test_a_training_given_as_a_component_is_refused_at_declaration():
     from pipeline import Step, StepDeclarationError, this_output
     from steps.data.mixture import mixture_step
     from tests.pipeline.stepfns import WriteConfig, write_value
-    from tests.steps.evaluation.test_follow import tiny_training
+    from tests.steps.tiny import declared_training
 
     own = Step("data/own-cache", write_value, WriteConfig(this_output()))
     kwargs = {"weights": {"a": 1.0, "b": 1.0}, "target_tokens": 1024, "batch_size": 8, "seq_len": 128}
     with pytest.raises(StepDeclarationError) as err:
-        mixture_step("mixture/x", components={"a": tiny_training(), "b": "/data/tokenized/b"}, **kwargs)
+        mixture_step("mixture/x", components={"a": declared_training(), "b": "/data/tokenized/b"}, **kwargs)
     assert str(err.value).startswith("step 'mixture/x', field `components['a']`: ")
     assert "is a train_moe step, not tokenized data" in str(err.value)
     assert mixture_step("mixture/x", components={"a": own, "b": "/data/tokenized/b"}, **kwargs)

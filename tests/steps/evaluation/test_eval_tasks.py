@@ -85,10 +85,10 @@ def test_a_task_listed_twice_and_no_tasks_are_refused():
 
 def test_the_step_refuses_bad_tasks_at_declaration():
     from steps.evaluation.task_eval import task_eval_step
-    from tests.steps.evaluation.test_follow import tiny_training
+    from tests.steps.tiny import declared_training
 
     with pytest.raises(StepDeclarationError, match=r"step 'tasks/x', field `tasks\[0\] \(hellaswog\)`"):
-        task_eval_step("tasks/x", train=tiny_training(), tasks=["hellaswog"])
+        task_eval_step("tasks/x", train=declared_training(), tasks=["hellaswog"])
 
 
 def test_an_inline_task_through_lm_eval(tmp_path):
@@ -200,10 +200,10 @@ def test_a_task_files_bad_row_is_found_when_the_step_is_declared(tmp_path, rows,
     message = str(err.value)
     assert message.startswith(f"tasks[0] (sums).data['test']: {tmp_path}/test.jsonl {expect}"), message
     from steps.evaluation.task_eval import task_eval_step
-    from tests.steps.evaluation.test_follow import tiny_training
+    from tests.steps.tiny import declared_training
 
     with pytest.raises(StepDeclarationError, match=r"step 'tasks/x', field `tasks\[0\] \(sums\)"):
-        task_eval_step("tasks/x", train=tiny_training(), tasks=[task], data_root=str(tmp_path))
+        task_eval_step("tasks/x", train=declared_training(), tasks=[task], data_root=str(tmp_path))
 
 
 def test_a_remote_task_files_bad_row_fails_the_step_with_the_same_message(tmp_path):

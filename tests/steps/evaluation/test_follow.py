@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -17,22 +16,9 @@ from steps.evaluation.follow import FollowSettings, check_follow, follow_checkpo
 from steps.training.models import TINY_MOE
 from steps.training.train_moe import train_moe_step
 from tests.pipeline.stepfns import WriteConfig, write_value
+from tests.steps.tiny import declared_training
 
 SETTINGS = FollowSettings(poll_seconds=1.0, patience_seconds=30.0, failed_grace_seconds=5.0)
-
-
-def tiny_training(num_steps: int = 40, **options: Any) -> Step:
-    data = Step("mixture/x", write_value, WriteConfig(this_output()))
-    return train_moe_step(
-        "train/x",
-        data=data,
-        model=TINY_MOE,
-        batch_size=8,
-        seq_len=64,
-        num_steps=num_steps,
-        checkpoint_interval=10,
-        **options,
-    )
 
 
 def checkpoint(train: Path, step: int) -> None:
@@ -156,7 +142,7 @@ def test_which_checkpoint_a_non_blocking_evaluation_says():
 def test_a_checkpoint_the_training_does_not_keep_is_refused():
     from steps.evaluation.evaluate import evaluate_step
 
-    train = tiny_training()
+    train = declared_training()
     assert evaluate_step("e", train=train, data=train, seq_len=64, checkpoint_step=39)
     with pytest.raises(
         StepDeclarationError,

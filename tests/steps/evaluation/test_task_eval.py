@@ -29,34 +29,25 @@ KEPT = [10, 20, 30, 39]
 MAX_LENGTH = 64
 
 EXPERIMENT = """
+import dataclasses
 from pipeline import executor_main
 from steps.evaluation.demo_tasks import demo_task
 from steps.evaluation.evaluate import evaluate_step
-from steps.data.mixture import mixture_step
-from steps.training.models import TINY_MOE
 from steps.evaluation.task_eval import task_eval_step
-import dataclasses
-from steps.data.tokenize import tokenize_step
-from steps.training.train_moe import train_moe_step
+from steps.training.models import TINY_MOE
+from tests.steps.tiny import ROOT, mix, train
 
-ROOT = {root!r}
-def tok(domain):
-    return tokenize_step(f"tokenized/{{domain}}", train=[f"data/corpus/{{domain}}/train-*.jsonl"],
-                         validation=[f"data/corpus/{{domain}}/validation-*.jsonl"],
-                         tokenizer="data/tokenizer", input_root=ROOT)
-mix = mixture_step("mixture/test", components={{"prose": tok("prose"), "arithmetic": tok("arithmetic")}},
-                   weights={{"prose": 0.5, "arithmetic": 0.5}}, target_tokens=40 * 8 * 64,
-                   batch_size=8, seq_len=64, validation=["prose", "arithmetic"])
+data = mix("mixture/test", steps=40, validation=["prose", "arithmetic"])
 # Drydock's own family (shared expert, windowed local layer, balancing bias): follow, loss and
 # task evaluation read it as they read Levanter's families.
 model = dataclasses.replace(TINY_MOE, family="drydock_moe", num_shared_experts=1, sliding_window=16,
                             global_every=2, num_global_kv_heads=1)
-train = train_moe_step("train/test", data=mix, model=model, batch_size=8, seq_len=64, num_steps=40,
-                       checkpoint_interval=10, eval_interval=1000)
-losses = evaluate_step("evaluate/follow", train=train, data=mix, seq_len=64, max_batches=2, follow=True)
-curve = task_eval_step("tasks/follow", train=train, tasks=[demo_task("stories")], follow=True,
+training = train(None, "train/test", data=data, model=model, num_steps=40, checkpoint_interval=10,
+                 eval_interval=1000)
+losses = evaluate_step("evaluate/follow", train=training, data=data, seq_len=64, max_batches=2, follow=True)
+curve = task_eval_step("tasks/follow", train=training, tasks=[demo_task("stories")], follow=True,
                        max_examples=24, data_root=ROOT)
-final = task_eval_step("tasks/final", train=train, tasks=[demo_task("sums"), demo_task("stories", 2)],
+final = task_eval_step("tasks/final", train=training, tasks=[demo_task("sums"), demo_task("stories", 2)],
                        max_examples=48, log_samples=True, data_root=ROOT)
 if __name__ == "__main__":
     executor_main([losses, curve, final])

@@ -112,9 +112,11 @@ def test_the_sandbox_gives_what_lm_eval_gave_for_the_demo_tasks():
 def recorded(tmp_path: Path) -> dict:
     """A manifest of a task_eval step on a (not yet run) tiny training, as a run records it."""
     from steps.evaluation.task_eval import task_eval_step
-    from tests.steps.evaluation.test_follow import tiny_training
+    from tests.steps.tiny import declared_training
 
-    step = task_eval_step("tasks/x", train=tiny_training(), tasks=[demo_task("sums")], data_root=str(ROOT))
+    step = task_eval_step(
+        "tasks/x", train=declared_training(), tasks=[demo_task("sums")], data_root=str(ROOT)
+    )
     prefix = str(tmp_path / "runs")
     dag = build_dag([step], prefix)
     recipes = dict(iter_recipes(dag))

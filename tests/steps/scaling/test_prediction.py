@@ -38,11 +38,11 @@ from steps.scaling.scaling_fit import (
 )
 from steps.training.metrics import read_events
 from steps.training.models import TINY_MOE, tiny_moe
-from tests.bad_inputs.tiny import train
+from tests.steps.tiny import train
 
 ROOT = Path(__file__).resolve().parents[3]
 LAW = LawFit.of("chinchilla", E=1.6, A=400.0, alpha=0.45, B=1500.0, beta=0.4)
-STEPS, BATCH, SEQ = 100, 8, 64  # tests.bad_inputs.tiny.train's run
+STEPS, BATCH, SEQ = 100, 8, 64  # tests.steps.tiny.train's run
 TOKENS = STEPS * BATCH * SEQ
 
 
@@ -244,32 +244,22 @@ def test_status_says_on_prediction_or_how_far_off():
 EXPERIMENT = """
 import json
 from pipeline import executor_main
-from steps.data.mixture import mixture_step
-from steps.training.models import TINY_MOE, tiny_moe
 from steps.scaling.prediction import predicted_by
 from steps.scaling.scaling_fit import ScalingPoint, scaling_fit_step
-from steps.data.tokenize import tokenize_step
-from steps.training.train_moe import OptimizerSpec, train_moe_step
+from steps.training.models import TINY_MOE, tiny_moe
+from steps.training.train_moe import OptimizerSpec
+from tests.steps.tiny import mix, train
 
-ROOT = {root!r}
-def tok(domain):
-    return tokenize_step(f"tokenized/{{domain}}", train=[f"data/corpus/{{domain}}/train-*.jsonl"],
-                         validation=[f"data/corpus/{{domain}}/validation-*.jsonl"],
-                         tokenizer="data/tokenizer", input_root=ROOT)
-mix = mixture_step("mixture/predicted", components={{"prose": tok("prose"), "arithmetic": tok("arithmetic")}},
-                   weights={{"prose": 0.5, "arithmetic": 0.5}}, target_tokens=40 * 8 * 64,
-                   batch_size=8, seq_len=64, validation=["prose"])
 points = [ScalingPoint(p["label"], tiny_moe(p["hidden"]), p["tokens"], p["evaluation"])
           for p in json.loads({points!r})]
 ladder = scaling_fit_step("scaling/ladder", points=points, target=ScalingPoint("tiny", TINY_MOE, 40 * 8 * 64),
                           resamples=20)
-train = train_moe_step("train/predicted", data=mix, model=TINY_MOE,
-                       optimizer=OptimizerSpec(learning_rate=3e-3), batch_size=8, seq_len=64,
-                       num_steps=40, eval_interval=5, max_eval_batches=1, checkpoint_interval=40,
-                       router_stats_interval=0, hf_export=False,
-                       prediction=predicted_by(ladder, patience=2))
+data = mix("mixture/predicted", steps=40)
+training = train(OptimizerSpec(learning_rate=3e-3), "train/predicted", data=data, num_steps=40,
+                 eval_interval=5, max_eval_batches=1, checkpoint_interval=40,
+                 router_stats_interval=0, hf_export=False, prediction=predicted_by(ladder, patience=2))
 if __name__ == "__main__":
-    executor_main([train])
+    executor_main([training])
 """
 
 

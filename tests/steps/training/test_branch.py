@@ -20,7 +20,7 @@ from steps.training.rewinds import shift_schedule
 from steps.training.train_moe import OptimizerSpec, train_moe_step
 from tests.pipeline.stepfns import WriteConfig, write_value
 from tests.steps.evaluation.test_follow import SETTINGS, Training
-from tests.steps.training.test_train import ROOT, env
+from tests.steps.tiny import ROOT, env
 
 DATA = Step("mixture/x", write_value, WriteConfig(this_output()))
 
@@ -137,24 +137,14 @@ def test_a_branch_waits_for_its_checkpoint_while_the_trunk_runs_and_not_after(tm
 
 EXPERIMENT = """
 from pipeline import executor_main
-from steps.data.mixture import mixture_step
-from steps.training.models import TINY_MOE
-from steps.data.tokenize import tokenize_step
-from steps.training.train_moe import OptimizerSpec, train_moe_step
+from steps.training.train_moe import OptimizerSpec
+from tests.steps.tiny import mix, train as tiny
 
-ROOT = {root!r}
-def tok(domain):
-    return tokenize_step(f"tokenized/{{domain}}", train=[f"data/corpus/{{domain}}/train-*.jsonl"],
-                         validation=[f"data/corpus/{{domain}}/validation-*.jsonl"],
-                         tokenizer="data/tokenizer", input_root=ROOT)
-mix = mixture_step("mixture/test", components={{"prose": tok("prose"), "arithmetic": tok("arithmetic")}},
-                   weights={{"prose": 0.5, "arithmetic": 0.5}}, target_tokens=30 * 8 * 64,
-                   batch_size=8, seq_len=64, validation=["prose", "arithmetic"])
+data = mix("mixture/test", steps=30, validation=["prose", "arithmetic"])
 def train(name, lr=3e-3, **branch):
-    return train_moe_step(name, data=mix, model=TINY_MOE, batch_size=8, seq_len=64, num_steps=30,
-                          optimizer=OptimizerSpec(learning_rate=lr, warmup=5, decay=0.3,
-                                                  lr_schedule="linear"),
-                          checkpoint_interval=10, eval_interval=1000, router_stats_interval=0, **branch)
+    optimizer = OptimizerSpec(learning_rate=lr, warmup=5, decay=0.3, lr_schedule="linear")
+    return tiny(optimizer, name, data=data, num_steps=30, checkpoint_interval=10, eval_interval=1000,
+                router_stats_interval=0, **branch)
 trunk = train("train/trunk")
 same = train("train/same", init_from=trunk, init_step=10)
 slower = train("train/slower", lr=3e-4, init_from=trunk, init_step=10)

@@ -25,23 +25,16 @@ STEPS, EVERY = 100, 50
 
 EXPERIMENT = """
 from pipeline import executor_main
-from steps.data.mixture import mixture_step
-from steps.training.models import TINY_MOE
-from steps.data.tokenize import tokenize_step
-from steps.training.train_moe import OptimizerSpec, train_moe_step
+from steps.training.train_moe import OptimizerSpec
+from tests.steps.tiny import mix, tok, train
 
-ROOT = {root!r}
-def tok(domain):
-    return tokenize_step(f"tokenized/{{domain}}", train=[f"data/corpus/{{domain}}/train-*.jsonl"],
-                         tokenizer="data/tokenizer", input_root=ROOT)
-mix = mixture_step("mixture/tiers", components={{"prose": tok("prose"), "arithmetic": tok("arithmetic")}},
-                   weights={{"prose": 0.5, "arithmetic": 0.5}}, target_tokens={steps} * 8 * 64,
-                   batch_size=8, seq_len=64)
-train = train_moe_step("train/tiers", data=mix, model=TINY_MOE, optimizer=OptimizerSpec(learning_rate=3e-3),
-                       batch_size=8, seq_len=64, num_steps={steps}, checkpoint_interval={every},
-                       checkpoint_minutes=0.01, eval_interval=1000, router_stats_interval=0, hf_export=False)
+data = mix("mixture/tiers", steps={steps}, components={{"prose": tok("prose", validation=()),
+           "arithmetic": tok("arithmetic", validation=())}}, validation=())
+training = train(OptimizerSpec(learning_rate=3e-3), "train/tiers", data=data, num_steps={steps},
+                 checkpoint_interval={every}, checkpoint_minutes=0.01, eval_interval=1000,
+                 router_stats_interval=0, hf_export=False)
 if __name__ == "__main__":
-    executor_main([train])
+    executor_main([training])
 """
 
 

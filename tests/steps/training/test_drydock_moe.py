@@ -279,7 +279,7 @@ def test_an_export_loads_back_with_the_same_logits(tmp_path):
     ],
 )
 def test_bad_architectures_are_refused_naming_the_field(changes, field, words):
-    from tests.bad_inputs.tiny import train
+    from tests.steps.tiny import train
 
     with pytest.raises(StepDeclarationError) as e:
         train(model=dataclasses.replace(SPEC, **changes))

@@ -122,17 +122,17 @@ def test_the_plan_shows_the_layout_memory_and_time():
     ],
 )
 def test_a_layout_that_cannot_work_is_refused_at_declaration(kwargs, resources, field, message):
-    from tests.steps.evaluation.test_follow import tiny_training
+    from tests.steps.tiny import declared_training
 
     with pytest.raises(StepDeclarationError) as info:
-        tiny_training(**kwargs, resources=resources)
+        declared_training(**kwargs, resources=resources)
     assert info.value.field == field
     assert message in str(info.value)
 
 
 def test_a_layout_too_big_for_the_accelerator_is_refused():
     from steps.training.train_moe import train_moe_step
-    from tests.steps.evaluation.test_follow import tiny_training
+    from tests.steps.tiny import declared_training
 
     wide = MoeModelConfig(
         hidden_dim=8192,
@@ -143,7 +143,7 @@ def test_a_layout_too_big_for_the_accelerator_is_refused():
         num_experts=64,
         num_experts_per_token=4,
     )
-    base = tiny_training()
+    base = declared_training()
     with pytest.raises(StepDeclarationError) as info:
         train_moe_step(
             "train/wide",

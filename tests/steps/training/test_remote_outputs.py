@@ -52,7 +52,7 @@ from steps.training.metrics import (
 from steps.training.spikes import SpikePolicy
 from steps.training.tracker import JsonlTracker
 from tests.s3server import s3_bucket_environment
-from tests.steps.training.test_train import EXPERIMENT, QWEN, ROOT
+from tests.steps.tiny import EXPERIMENT, QWEN, ROOT
 
 BUCKET = "drydock-train-test"
 

@@ -148,7 +148,7 @@ def test_event_lines_are_not_step_records_and_survive_a_resume(tmp_path):
 
 def test_policies_that_change_training_are_versioned_warn_is_not():
     from pipeline.core.dag import build_dag
-    from tests.bad_inputs.tiny import train
+    from tests.steps.tiny import train
 
     def label(**kwargs) -> str:
         (found,) = [k for k in build_dag([train(**kwargs)], "/prefix").nodes if k.startswith("train/tiny-")]

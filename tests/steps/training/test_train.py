@@ -3,91 +3,20 @@ killed run. Each experiment runs in its own `drydock run` process, as it would f
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import os
+import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from steps.training.metrics import read_metrics
-from steps.training.models import TINY_MOE, MoeModelConfig, parameter_counts
+from steps.training.models import MoeModelConfig, parameter_counts
+from tests.steps.tiny import DRYDOCK, QWEN, ROOT, command, env, experiment, step_dir, train_and_evaluate
 
 pytestmark = pytest.mark.slow
-
-ROOT = Path(__file__).resolve().parents[3]
-
-EXPERIMENT = """
-import os
-from pipeline import executor_main
-from steps.evaluation.evaluate import evaluate_step
-from steps.data.mixture import mixture_step
-from steps.training.models import MoeModelConfig
-from steps.data.tokenize import tokenize_step
-from steps.training.train_moe import OptimizerSpec, train_moe_step
-
-ROOT = {root!r}
-def tok(domain):
-    return tokenize_step(f"tokenized/{{domain}}", train=[f"data/corpus/{{domain}}/train-*.jsonl"],
-                         validation=[f"data/corpus/{{domain}}/validation-*.jsonl"],
-                         tokenizer="data/tokenizer", input_root=ROOT)
-mix = mixture_step("mixture/test", components={{"prose": tok("prose"), "arithmetic": tok("arithmetic")}},
-                   weights={{"prose": 0.5, "arithmetic": 0.5}}, target_tokens={steps} * 8 * 64,
-                   batch_size=8, seq_len=64, validation=["prose", "arithmetic"])
-model = MoeModelConfig(**{model!r})
-train = train_moe_step("train/test", data=mix, model=model, optimizer=OptimizerSpec(**{optimizer!r}),
-                       batch_size=8, seq_len=64, num_steps={steps}, checkpoint_interval=10,
-                       eval_interval=1000, router_stats_interval=5)
-evaluation = evaluate_step("evaluate/test", train=train, data=mix, seq_len=64, batch_size=8, max_batches=4)
-if __name__ == "__main__":
-    executor_main([evaluation])
-"""
-
-
-QWEN = dataclasses.asdict(TINY_MOE)
-DRYDOCK = {
-    **QWEN,
-    "family": "drydock_moe",
-    "num_shared_experts": 1,
-    "sliding_window": 16,  # of 64 tokens
-    "global_every": 2,
-    "num_global_kv_heads": 1,
-    "balancing": "bias",
-}
-"""The tiny model in Drydock's own family: a shared expert, a windowed local layer with 2 KV heads
-and a global one with 1, the balancing bias."""
-
-
-def train_and_evaluate(exp: Path, prefix: Path) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        command(exp, prefix), env=env(), cwd=ROOT, capture_output=True, text=True, timeout=900
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
-
-
-def experiment(tmp_path: Path, model: dict, optimizer: dict, steps: int) -> Path:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    path = tmp_path / "exp.py"
-    path.write_text(EXPERIMENT.format(root=str(ROOT), model=model, optimizer=optimizer, steps=steps))
-    return path
-
-
-def command(exp: Path, prefix: Path) -> list[str]:
-    return [sys.executable, "-m", "pipeline", "run", str(exp), "--prefix", str(prefix), "--backend", "local"]
-
-
-def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT)}
-
-
-def step_dir(prefix: Path, name: str) -> Path:
-    (found,) = prefix.glob(f"{name}-*")
-    return found
 
 
 def check_trained_and_evaluated(prefix: Path, model: MoeModelConfig, steps: int) -> None:
@@ -116,25 +45,31 @@ def check_trained_and_evaluated(prefix: Path, model: MoeModelConfig, steps: int)
     assert (step_dir(prefix, "evaluate/test") / "loss.png").stat().st_size > 1000
 
 
-def test_tiny_qwen3_moe_and_drydock_moe_train_evaluate_and_learn_alike(tmp_path):
+def test_tiny_qwen3_moe_and_drydock_moe_train_evaluate_and_learn_alike(tmp_path, trained_tiny):
     """The same data, steps and optimizer for both families: each trains, evaluates, and the
-    drydock_moe loss falls as far as Qwen3-MoE's (within 10% of its drop)."""
+    drydock_moe loss falls as far as Qwen3-MoE's (within 10% of its drop). The Qwen3-MoE run is
+    the session's `trained_tiny`."""
+    _exp, qwen_prefix, qwen_stderr = trained_tiny
+    drydock = experiment(tmp_path, DRYDOCK, dict(name="adamw", learning_rate=3e-3, warmup=0.1), steps=40)
+    drydock_stderr = train_and_evaluate(drydock, tmp_path / "prefix").stderr
     drops = {}
-    for name, model in (("qwen", QWEN), ("drydock", DRYDOCK)):
-        exp = experiment(tmp_path / name, model, dict(name="adamw", learning_rate=3e-3, warmup=0.1), steps=40)
-        result = train_and_evaluate(exp, tmp_path / name / "prefix")
-        check_trained_and_evaluated(tmp_path / name / "prefix", MoeModelConfig(**model), 40)
+    for name, model, prefix, stderr in (
+        ("qwen", QWEN, qwen_prefix, qwen_stderr),
+        ("drydock", DRYDOCK, tmp_path / "prefix", drydock_stderr),
+    ):
+        check_trained_and_evaluated(prefix, MoeModelConfig(**model), 40)
         # No alarming noise for things that are fine: caches written by Drydock's tokenize, absent
         # optional parameters in a checkpoint, the offline HF export.
         for noise in ("Metadata mismatch", "Unknown leaf type", "Could not load reference HF config"):
-            assert noise not in result.stderr, noise
-        records = read_metrics(str(step_dir(tmp_path / name / "prefix", "train/test") / "metrics.jsonl"))
+            assert noise not in stderr, noise
+        records = read_metrics(str(step_dir(prefix, "train/test") / "metrics.jsonl"))
         losses = [r["loss"] for r in records if "loss" in r]
         drops[name] = sum(losses[:5]) / 5 - sum(losses[-5:]) / 5
     assert abs(drops["drydock"] - drops["qwen"]) < 0.1 * drops["qwen"], drops
 
 
 def test_tiny_mixtral_with_a_shared_expert_trains_with_muon(tmp_path):
+    """Its own training: another family and optimizer than the session's tiny model."""
     model = {**QWEN, "family": "mixtral", "num_shared_experts": 1, "qk_norm": False}
     optimizer = dict(name="muon", learning_rate=0.02, adam_learning_rate=3e-3, weight_decay=0.0, warmup=0.1)
     exp = experiment(tmp_path, model, optimizer, steps=40)
@@ -148,7 +83,7 @@ def test_tiny_mixtral_with_a_shared_expert_trains_with_muon(tmp_path):
 def test_killed_after_a_checkpoint_the_rerun_resumes_bit_for_bit_and_ends_at_the_same_step(tmp_path):
     """Drydock's own family (its balancing bias is state too): killed a few steps after the
     checkpoint at step 20, the rerun resumes from it and computes those steps' losses again,
-    exactly as the killed run had."""
+    exactly as the killed run had. Its own training: it kills it."""
     model = dict(DRYDOCK)
     exp = experiment(tmp_path, model, dict(name="adamw", learning_rate=3e-3), steps=60)
     prefix = tmp_path / "prefix"
@@ -182,12 +117,13 @@ def test_killed_after_a_checkpoint_the_rerun_resumes_bit_for_bit_and_ends_at_the
     assert before and all(after[step] == loss for step, loss in before.items()), (before, after)
 
 
-def test_force_retrains_from_step_zero_and_evaluates_again(tmp_path):
+def test_force_retrains_from_step_zero_and_evaluates_again(tmp_path, trained_tiny):
     """`drydock run FILE --force 'train/'` as docs/recipes.md shows it: the training is redone from
-    nothing (not "resumed" from its final checkpoint) and so is the evaluation reading it."""
-    exp = experiment(tmp_path, dict(QWEN), dict(name="adamw", learning_rate=3e-3), steps=20)
+    nothing (not "resumed" from its final checkpoint) and so is the evaluation reading it. On a
+    copy of the session's `trained_tiny` prefix (a prefix moves whole: nothing in it is absolute)."""
+    exp, trained, _stderr = trained_tiny
     prefix = tmp_path / "prefix"
-    train_and_evaluate(exp, prefix)
+    shutil.copytree(trained, prefix, symlinks=True)
     train, evaluation = step_dir(prefix, "train/test"), step_dir(prefix, "evaluate/test")
     first = json.loads((train / "train_result.json").read_text())
     forced = subprocess.run(
@@ -200,15 +136,18 @@ def test_force_retrains_from_step_zero_and_evaluates_again(tmp_path):
     )
     assert forced.returncode == 0, forced.stderr[-3000:]
     again = json.loads((train / "train_result.json").read_text())
-    assert again["resumed_from_step"] is None and again["final_step"] == 19
+    assert again["resumed_from_step"] is None and again["final_step"] == 39
     assert again["wall_seconds"] != first["wall_seconds"]
     steps_logged = [r["step"] for r in read_metrics(str(train / "metrics.jsonl")) if "loss" in r]
-    assert steps_logged == list(range(2, 20))  # one fresh run's lines, not two runs' appended
+    assert steps_logged == list(range(2, 40))  # one fresh run's lines, not two runs' appended
     successes = [line for line in (evaluation / ".status").read_text().splitlines() if '"SUCCESS"' in line]
     assert len(successes) == 2
+    # The session's trained model is untouched for the tests that read it after this one.
+    assert json.loads((step_dir(trained, "train/test") / "train_result.json").read_text()) == first
 
 
 def test_retention_deletes_old_checkpoints_as_training_goes(tmp_path):
+    """Its own training: `keep_checkpoints` deletes checkpoints while it trains."""
     exp = experiment(tmp_path, dict(QWEN), dict(name="adamw", learning_rate=3e-3), steps=40)
     exp.write_text(
         exp.read_text().replace("router_stats_interval=5)", "router_stats_interval=5, keep_checkpoints=1)")
