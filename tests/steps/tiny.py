@@ -121,9 +121,20 @@ def experiment(tmp_path: Path, model: dict, optimizer: dict, steps: int) -> Path
     return path
 
 
-def command(exp: Path, prefix: Path) -> list[str]:
-    """`drydock run` of `exp` on `prefix` with the local backend."""
-    return [sys.executable, "-m", "pipeline", "run", str(exp), "--prefix", str(prefix), "--backend", "local"]
+def command(exp: Path, prefix: Path | str, *extra: str) -> list[str]:
+    """`drydock run` of `exp` on `prefix` (a path or URL) with the local backend, then `extra`."""
+    return [
+        sys.executable,
+        "-m",
+        "pipeline",
+        "run",
+        str(exp),
+        "--prefix",
+        str(prefix),
+        "--backend",
+        "local",
+        *extra,
+    ]
 
 
 def env() -> dict[str, str]:

@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.steps.tiny import command as tiny_command
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -55,20 +57,7 @@ if __name__ == "__main__":
 
 
 def command(exp: Path, prefix: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "pipeline",
-        "run",
-        str(exp),
-        "--prefix",
-        str(prefix),
-        "--backend",
-        "local",
-        "--max_concurrent",
-        "4",
-        *extra,
-    ]
+    return tiny_command(exp, prefix, "--max_concurrent", "4", *extra)
 
 
 def env() -> dict[str, str]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import subprocess
-import sys
 
 import pytest
 
@@ -21,6 +20,7 @@ from steps.training.train_moe import OptimizerSpec, train_moe_step
 from tests.pipeline.stepfns import WriteConfig, write_value
 from tests.steps.evaluation.test_follow import SETTINGS, Training
 from tests.steps.tiny import ROOT, env
+from tests.steps.tiny import command as tiny_command
 
 DATA = Step("mixture/x", write_value, WriteConfig(this_output()))
 
@@ -163,17 +163,7 @@ def test_branches_continue_the_trunk_exactly_diverge_with_a_new_rate_and_load_we
     exp = tmp_path / "exp.py"
     exp.write_text(EXPERIMENT.format(root=str(ROOT)))
     prefix = tmp_path / "prefix"
-    command = [
-        sys.executable,
-        "-m",
-        "pipeline",
-        "run",
-        str(exp),
-        "--prefix",
-        str(prefix),
-        "--backend",
-        "local",
-    ]
+    command = tiny_command(exp, str(prefix))
     result = subprocess.run(command, env=env(), cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
 

@@ -53,6 +53,7 @@ from steps.training.spikes import SpikePolicy
 from steps.training.tracker import JsonlTracker
 from tests.s3server import s3_bucket_environment
 from tests.steps.tiny import EXPERIMENT, QWEN, ROOT
+from tests.steps.tiny import command as tiny_command
 
 BUCKET = "drydock-train-test"
 
@@ -598,18 +599,7 @@ def test_a_training_runner_paused_past_its_lease_changes_no_byte_of_the_new_owne
     env = {**os.environ, **s3_env, "PYTHONPATH": str(ROOT), "DRYDOCK_SCRATCH": str(tmp_path / "scratch")}
     env["RAY_AUTH_MODE"] = "disabled"
     leases = ["--lease_timeout", "5", "--heartbeat_interval", "1", "--wait_poll_interval", "0.5"]
-    command = [
-        sys.executable,
-        "-m",
-        "pipeline",
-        "run",
-        str(exp),
-        "--prefix",
-        prefix,
-        "--backend",
-        "local",
-        *leases,
-    ]
+    command = tiny_command(exp, prefix, *leases)
 
     paused, stderr, reader = _run_until_a_checkpoint(command, env, tmp_path, prefix)
     paused.send_signal(signal.SIGSTOP)
@@ -735,18 +725,7 @@ def test_a_storage_outage_longer_than_the_lease_ends_the_attempt_and_the_runner_
     env = {**os.environ, **s3_env, "PYTHONPATH": str(ROOT), "DRYDOCK_SCRATCH": str(tmp_path / "scratch")}
     env["RAY_AUTH_MODE"] = "disabled"
     leases = ["--lease_timeout", "8", "--heartbeat_interval", "1", "--wait_poll_interval", "0.5"]
-    command = [
-        sys.executable,
-        "-m",
-        "pipeline",
-        "run",
-        str(exp),
-        "--prefix",
-        prefix,
-        "--backend",
-        "local",
-        *leases,
-    ]
+    command = tiny_command(exp, prefix, *leases)
     proc, stderr, reader = _run_until_a_checkpoint(command, env, tmp_path, prefix)
     server = moto_pid(s3_env["AWS_ENDPOINT_URL_S3"])
     os.kill(server, signal.SIGSTOP)  # every request now hangs, as in a real outage
