@@ -81,8 +81,8 @@ from steps.data.sources import RawDataset, raw_dataset
 from steps.data.tokenize import tokenize_step
 from steps.evaluation.evaluate import evaluate_step
 from steps.evaluation.task_eval import task_eval_step
+from steps.scaling.fit import ScalingPoint, scaling_fit_step, scaling_point
 from steps.scaling.prediction import predicted_by
-from steps.scaling.scaling_fit import ScalingPoint, scaling_fit_step, scaling_point
 from steps.training.models import MoeModelConfig
 from steps.training.spikes import Stability
 from steps.training.train_moe import MeshSpec, OptimizerSpec, train_moe_step

@@ -10,7 +10,8 @@ _MOVED = ("ScalingFitConfig", "ScalingPoint", "scaling_fit", "scaling_point", "s
 
 
 def __getattr__(name: str) -> Any:
-    # Manifests written before the step library had folders name `steps.scaling:ScalingFitConfig`.
+    # Manifests written before the step library had folders name `steps.scaling:ScalingFitConfig`
+    # (the step now lives in `steps.scaling.fit`).
     if name in _MOVED:
-        return getattr(importlib.import_module("steps.scaling.scaling_fit"), name)
+        return getattr(importlib.import_module("steps.scaling.fit"), name)
     raise AttributeError(f"module 'steps.scaling' has no attribute {name!r}")

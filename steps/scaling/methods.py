@@ -1,6 +1,6 @@
 """The scaling fit's methods, each fitted to the grid and checked on its own largest points: the
 laws of `steps.scaling.law` and the IsoFLOP method of `steps.scaling.isoflop`, with the target's
-prediction and interval. Pure functions of arrays; the step is `steps.scaling.scaling_fit`."""
+prediction and interval. Pure functions of arrays; the step is `steps.scaling.fit`."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from steps.scaling.law import (
 )
 
 if TYPE_CHECKING:
-    from steps.scaling.scaling_fit import ScalingFitConfig
+    from steps.scaling.fit import ScalingFitConfig
 
 __all__ = ["fit_isoflop_method", "fit_law_method", "pre_check", "prediction_of"]
 

@@ -124,8 +124,8 @@ def test_the_plan_shows_the_predicted_final_loss_once_the_ladder_is_fitted(tmp_p
     shows the fit's prediction for it."""
     import experiments.moe_535b_a23b as recipe_file
     from pipeline.core.dag import build_dag, resolved_config
+    from steps.scaling.fit import active_non_embedding_params, scaling_fit
     from steps.scaling.law import LawFit
-    from steps.scaling.scaling_fit import active_non_embedding_params, scaling_fit
 
     law = LawFit.of("chinchilla", E=1.69, A=406.4, alpha=0.34, B=410.7, beta=0.28)
     dag = build_dag([recipe_file.evaluation, recipe_file.tasks], str(tmp_path))

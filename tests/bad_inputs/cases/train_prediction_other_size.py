@@ -3,8 +3,8 @@
 # expect: step 'train/tiny', field `prediction`: 'scaling/ladder' predicts 'd128' (N=
 # args:
 from pipeline import executor_main
+from steps.scaling.fit import ScalingPoint, scaling_fit_step
 from steps.scaling.prediction import predicted_by
-from steps.scaling.scaling_fit import ScalingPoint, scaling_fit_step
 from steps.training.models import tiny_moe
 from tests.steps.tiny import train
 

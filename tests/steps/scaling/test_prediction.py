@@ -19,6 +19,13 @@ import pytest
 from pipeline import StepDeclarationError
 from pipeline.core.dag import build_dag
 from pipeline.core.figures import live_figures, prediction_text
+from steps.scaling.fit import (
+    ScalingFitConfig,
+    ScalingPoint,
+    active_non_embedding_params,
+    scaling_fit,
+    scaling_fit_step,
+)
 from steps.scaling.isoflop import fit_isoflop, predictor_from_dict
 from steps.scaling.law import LawFit
 from steps.scaling.prediction import (
@@ -28,13 +35,6 @@ from steps.scaling.prediction import (
     PredictionWatch,
     predicted_by,
     resolve_curve,
-)
-from steps.scaling.scaling_fit import (
-    ScalingFitConfig,
-    ScalingPoint,
-    active_non_embedding_params,
-    scaling_fit,
-    scaling_fit_step,
 )
 from steps.training.metrics import read_events
 from steps.training.models import TINY_MOE, tiny_moe
@@ -245,7 +245,7 @@ EXPERIMENT = """
 import json
 from pipeline import executor_main
 from steps.scaling.prediction import predicted_by
-from steps.scaling.scaling_fit import ScalingPoint, scaling_fit_step
+from steps.scaling.fit import ScalingPoint, scaling_fit_step
 from steps.training.models import TINY_MOE, tiny_moe
 from steps.training.train_moe import OptimizerSpec
 from tests.steps.tiny import mix, train

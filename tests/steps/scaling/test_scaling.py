@@ -10,6 +10,14 @@ import numpy as np
 import pytest
 
 from pipeline import StepDeclarationError
+from steps.scaling.fit import (
+    ScalingFitConfig,
+    ScalingPoint,
+    active_non_embedding_params,
+    preview,
+    scaling_fit,
+    scaling_fit_step,
+)
 from steps.scaling.isoflop import IsoflopUnavailable, fit_isoflop, isoflop_interval
 from steps.scaling.law import (
     LawFit,
@@ -19,14 +27,6 @@ from steps.scaling.law import (
     leave_one_out,
     prediction_error,
     prediction_interval,
-)
-from steps.scaling.scaling_fit import (
-    ScalingFitConfig,
-    ScalingPoint,
-    active_non_embedding_params,
-    preview,
-    scaling_fit,
-    scaling_fit_step,
 )
 from steps.training.models import MoeModelConfig, parameter_counts, tiny_moe
 

@@ -633,8 +633,8 @@ def test_a_training_runner_paused_past_its_lease_changes_no_byte_of_the_new_owne
 def test_the_scaling_fit_reads_its_evaluations_and_writes_its_files_by_url(url, tmp_path):
     """steps.scaling reads results.json and writes fit.json and fit.png through fsspec (it used
     built-in `open` and could not use an s3:// prefix)."""
-    from steps.scaling.scaling_fit import report as scaling_report
-    from steps.scaling.scaling_fit import scaling_fit
+    from steps.scaling.fit import report as scaling_report
+    from steps.scaling.fit import scaling_fit
     from tests.steps.scaling.test_scaling import step_config
 
     local = step_config(tmp_path / "local")
