@@ -193,7 +193,7 @@ import ast, pathlib
 tree = ast.parse(pathlib.Path({root!r}, "experiments", "moe_535b_a23b.py").read_text())
 (HERO,) = [ast.literal_eval(n.value) for n in tree.body
            if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "BASE_MODEL_TASKS"]
-hero = task_eval_step("tasks/hero", train=train, tasks=HERO, task_data={task_data!r}, batch_size=16)
+hero = task_eval_step("tasks/hero", train=training, tasks=HERO, task_data={task_data!r}, batch_size=16)
 if __name__ == "__main__":
     executor_main([hero])
 """
