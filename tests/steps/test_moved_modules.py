@@ -15,8 +15,12 @@ import pytest
 from pipeline.core.dag import build_dag
 from pipeline.run.recipe import recipe_entries, steps_from_manifest
 
+ROOT = Path(__file__).resolve().parents[2]
+# Recorded in a checkout at another path: its inputs' roots are written `@ROOT@` there.
 RECORDED = json.loads(
     gzip.decompress((Path(__file__).parent / "fixtures" / "flat_module_manifests.json.gz").read_bytes())
+    .decode()
+    .replace("@ROOT@", str(ROOT))
 )
 
 
