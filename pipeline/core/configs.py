@@ -40,6 +40,11 @@ class ConfigRefs:
     """The config as drift notes compare it: `to_plain` (not strict) with strings under the
     prefix relative to it, but with the placeholder objects left in place, to be rendered once
     the labels are known (`dag.drift_text`). Made in the same walk that finds the references."""
+    kinds: frozenset[type] = frozenset()
+    """The types in the config that its plain form does not name: dataclasses (the plain form
+    has their qualified name, not their module), enums, tuples, floats, paths and other leaves.
+    With `plain`, they say whether a recipe made from the config would encode the same
+    (`pipeline.run.manifest` reuses a manifest's encoded steps on that condition)."""
 
 
 _LEAVES = frozenset({str, int, float, bool, type(None)})
@@ -97,18 +102,25 @@ def collect_refs(step_name: str, config: Any, prefix: str | None = None) -> Conf
     _warn_if_mutable(step_name, type(config))
     found = _Found()
     plain = _collect(step_name, config, "", False, found, set(), prefix)
-    return ConfigRefs(found.versioned, found.inputs, found.own_outputs, plain)
+    kinds = frozenset(found.kinds)
+    # Interned: the steps of a large DAG mostly share a handful of sets of types.
+    kinds = _KINDS.setdefault(kinds, kinds)
+    return ConfigRefs(found.versioned, found.inputs, found.own_outputs, plain, kinds)
+
+
+_KINDS: dict[frozenset[type], frozenset[type]] = {}
 
 
 class _Found:
     """What `_collect` finds, as it finds it (a ConfigRefs is made once, at the end)."""
 
-    __slots__ = ("inputs", "own_outputs", "versioned")
+    __slots__ = ("inputs", "kinds", "own_outputs", "versioned")
 
     def __init__(self) -> None:
         self.versioned: dict[str, Any] = {}
         self.inputs: dict[str, OutputOf] = {}
         self.own_outputs: dict[str, ThisOutput] = {}
+        self.kinds: set[type] = set()
 
 
 _WARNED: set[type] = set()
@@ -167,7 +179,10 @@ def _collect(
         return value
     if kind is list or kind is tuple or kind is dict:  # containers next: no leaf checks for them
         is_dataclass = False
+        if kind is tuple:
+            refs.kinds.add(tuple)
     else:
+        refs.kinds.add(kind)  # a float, enum, dataclass, path, subclass of a plain type...
         leaf = _plain_leaf(value, prefix)  # subclasses of str, int and float
         if leaf is not _NOT_A_LEAF:
             return leaf

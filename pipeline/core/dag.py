@@ -300,7 +300,12 @@ def _discover(roots: Sequence[Step], prefix: str) -> dict[Step, ConfigRefs]:
         if step in refs:
             continue
         refs[step] = step_refs = collect_refs(step.name, step.config, prefix)
+        for path, own in step_refs.own_outputs.items():
+            if own.sub is not None:
+                _validate_sub(step.name, path, own.sub)
         for path, placeholder in step_refs.inputs.items():
+            if placeholder.sub is not None:
+                _validate_sub(step.name, path, placeholder.sub)
             up = placeholder.step
             if isinstance(up, Step):
                 if up not in validated:
@@ -314,11 +319,6 @@ def _discover(roots: Sequence[Step], prefix: str) -> dict[Step, ConfigRefs]:
                     f"output_of needs a Step or a step name, got {type(up).__name__}",
                     field=path,
                 )
-    for step, step_refs in refs.items():
-        for placeholders in (step_refs.inputs, step_refs.own_outputs):
-            for path, ph in placeholders.items():
-                if ph.sub is not None:
-                    _validate_sub(step.name, path, ph.sub)
     return refs
 
 

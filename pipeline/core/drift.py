@@ -7,6 +7,7 @@ lists of equal length item by item, anything else compared whole. No I/O here.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
@@ -64,8 +65,14 @@ def drift_digest(fingerprint: str, config: Any) -> str:
 def drift_digest_of_text(fingerprint: str, config_text: str) -> str:
     """`drift_digest(fingerprint, config)` from the config's JSON already written the same way
     (`dag.drift_text`): the same bytes are hashed, without building the config as objects."""
-    text = f"[{json.dumps(fingerprint)},{config_text}]"
+    text = f"[{_quoted(fingerprint)},{config_text}]"
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=4096)
+def _quoted(fingerprint: str) -> str:
+    # A cached plan asks once per step, for the few functions its steps share.
+    return json.dumps(fingerprint)
 
 
 def config_drift(

@@ -11,6 +11,7 @@ point an experiment file calls.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
 import sys
@@ -49,6 +50,15 @@ def prepare(
     steps: Sequence[Step], config: ExecutorMainConfig, *, strict: bool = True
 ) -> tuple[Dag, StepStore, Plan]:
     """Build the DAG, read the prefix, and plan. Reads storage, writes nothing."""
+    dag, store, plan, _digests = _prepare(steps, config, strict=strict)
+    return dag, store, plan
+
+
+def _prepare(
+    steps: Sequence[Step], config: ExecutorMainConfig, *, strict: bool = True
+) -> tuple[Dag, StepStore, Plan, dict[str, str]]:
+    """`prepare`, and the drift digests of the finished steps whose config and code are unchanged
+    (`unchanged_steps`)."""
     validate_options(config)
     prefix = resolve_prefix(config.prefix)
     with collector_paused():
@@ -70,11 +80,12 @@ def prepare(
             unchanged=unchanged,
             input_notes=listings,
         )
-    return dag, store, plan
+    return dag, store, plan, unchanged
 
 
-def unchanged_steps(dag: Dag, store: StepStore, snapshot: dict[str, StepRecord]) -> set[str]:
-    """Labels of the finished steps whose recorded config and code equal the current ones.
+def unchanged_steps(dag: Dag, store: StepStore, snapshot: dict[str, StepRecord]) -> dict[str, str]:
+    """The finished steps whose recorded config and code equal the current ones: label -> their
+    drift digest (`pipeline.run.provenance.drift_digest_of`).
 
     Their SUCCESS carries a digest of both (`pipeline.core.drift.drift_digest`); when the current
     digest matches, the plan needs no drift notes and `.step.json` is not read at all: one read
@@ -83,15 +94,17 @@ def unchanged_steps(dag: Dag, store: StepStore, snapshot: dict[str, StepRecord])
     no plan (`drydock explain` says so). Every other finished step gets its `.step.json` read into
     the snapshot, for the notes.
     """
-    unchanged = set()
+    unchanged: dict[str, str] = {}
     for label, node in dag.nodes.items():
         record = snapshot.get(node.output_path)
         last = record.last if record is not None else None
         if last is None or last.event != Event.SUCCESS:
             continue
         recorded = last.data
-        if isinstance(recorded, Mapping) and recorded.get("drift") == drift_digest_of(dag, label):
-            unchanged.add(label)
+        digest = drift_digest_of(dag, label)
+        # `type is dict` first: what the status parser makes, and cheaper than isinstance(Mapping).
+        if (type(recorded) is dict or isinstance(recorded, Mapping)) and recorded.get("drift") == digest:
+            unchanged[label] = digest
         else:
             path = node.output_path
             snapshot[path] = replace(snapshot[path], step_json=store.read_step_json(path))
@@ -112,7 +125,7 @@ def run_experiment(
     `emit` receives one line per state change (default: stderr, with the time).
     """
     config = config or ExecutorMainConfig()
-    dag, store, plan = prepare(steps, config)
+    dag, store, plan, digests = _prepare(steps, config)
     if config.dry_run:
         return plan
     # A fully cached plan runs nothing: do not start Ray (seconds) just to find that out.
@@ -142,6 +155,7 @@ def run_experiment(
             started=started,
             source_file=source_file,
             runner=runner,
+            drift=digests,
         )
         if needs_backend:  # a run in progress is visible from its manifest; a cached one ends now
             first = manifest.encode()
@@ -196,7 +210,10 @@ def run_experiment(
             alerts.close(timeout=30.0)
     assert report is not None  # execute returned (an exception would have left by now)
     with collector_paused():
-        final = manifest.encode(report, last=True)
+        # A run that ran nothing may copy the steps of the manifest it replaces (when they are
+        # what it would encode: `ManifestBuilder.encode`); one that ran steps has new outcomes.
+        previous = None if needs_backend else functools.partial(_read_quietly, store, path)
+        final = manifest.encode(report, last=True, previous=previous)
         try:
             store.storage.write(path, final)
             if needs_backend:  # a run that found everything cached adds nothing to the history
@@ -205,6 +222,14 @@ def run_experiment(
             report = replace(report, manifest_error=f"could not write the run manifest {path}: {e}")
     logger.debug("manifest: %s", path)  # the end-of-run summary prints it
     return report
+
+
+def _read_quietly(store: StepStore, path: str) -> bytes | None:
+    """A file's bytes, or None if it is missing or cannot be read (the caller can do without)."""
+    try:
+        return store.storage.read(path)
+    except StorageError:
+        return None
 
 
 def report_counts(report: RunReport) -> str:

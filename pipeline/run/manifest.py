@@ -6,23 +6,39 @@ paths, deps, recipes) are computed once. It also holds the git commit and packag
 the run. Each step carries its `recipe` (`pipeline.run.recipe`): function, config, version and
 resources in a reversible form, so that `drydock rerun MANIFEST` rebuilds the same DAG without
 the experiment file. Where it is stored: `pipeline.storage.manifests`.
+
+A run that runs nothing (every step cached) writes steps that depend only on the plan, so its
+manifest records a digest of everything they were encoded from (`steps_digest`): the next such
+run, finding the same digest in the manifest it replaces, copies that manifest's steps instead of
+encoding 10,000 recipes again (the largest part of a cached rerun, measured in
+`benchmarks/engine.py`).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from pipeline.core.dag import fn_import_path
 from pipeline.core.plan import Plan
 from pipeline.core.report import RunReport
+from pipeline.run import recipe as recipe_module
+from pipeline.run import recipe_codec
+from pipeline.run.provenance import drift_digest_of
 from pipeline.run.recipe import iter_recipes
-from pipeline.storage.manifests import encode_lines
+from pipeline.step import Resources
+from pipeline.storage import manifests
+from pipeline.storage.manifests import encode_lines, encoded_head, steps_checksum, with_head
 
-__all__ = ["ManifestBuilder"]
+__all__ = ["CHECKSUM", "ManifestBuilder"]
+
+CHECKSUM = "steps_crc32"
+"""The head field of a manifest with a `steps_digest`: the CRC-32 of its steps as written."""
 
 
 class ManifestBuilder:
@@ -43,9 +59,13 @@ class ManifestBuilder:
         source_file: str | None = None,
         recipes: Mapping[str, Any] | None = None,
         runner: Mapping[str, Any] | None = None,
+        drift: Mapping[str, str] | None = None,
     ) -> None:
         dag = plan.dag
         self._plan, self._source_file, self._recipes = plan, source_file, recipes
+        self._drift = drift
+        """Known drift digests by label (`pipeline.run.experiment.unchanged_steps`); with them, a
+        run that runs nothing records its `steps_digest`."""
         self._labels = [(label, plan.steps[label].state.value) for label in dag.nodes]
         """(label, planned state) per step, in order."""
         self._static: list[bytes] | None = None
@@ -65,10 +85,32 @@ class ManifestBuilder:
             **env,
         }
 
-    def encode(self, report: RunReport | None = None, *, last: bool = False) -> bytes:
+    def encode(
+        self,
+        report: RunReport | None = None,
+        *,
+        last: bool = False,
+        previous: Callable[[], bytes | None] | None = None,
+    ) -> bytes:
         """The manifest as JSON bytes, one step per line (`pipeline.storage.manifests.encode_lines`);
         without `report`, states are the planned ones. `last`: no later `encode` follows, so the
-        steps' unchanging parts need not be kept."""
+        steps' unchanging parts need not be kept. `previous`: reads the manifest this one
+        replaces, whose steps are copied when they are what this one would encode (see the
+        module's doc); a function, so that bytes not copied are freed before encoding."""
+        head = {
+            **self._head,
+            "updated": time.time(),
+            "finished": report is not None,
+            "exit_code": report.exit_code if report is not None else None,
+        }
+        digest = self._steps_digest() if report is not None and _ran_nothing(report) else None
+        if digest is not None:
+            head["steps_digest"] = digest
+            before = previous() if previous is not None else None
+            checksum = _copyable(before, digest) if before is not None else None
+            if before is not None and checksum is not None:
+                return with_head({**head, CHECKSUM: checksum, **self._tail}, before)
+            del before  # 10 MB for 10,000 steps: not kept while the steps are encoded
         if self._static is None and not last:
             self._static = list(self._statics())
         statics = self._static if self._static is not None else self._statics()
@@ -76,14 +118,40 @@ class ManifestBuilder:
             (static, b", ", json.dumps(_outcome(label, planned, report), default=str)[1:].encode())
             for static, (label, planned) in zip(statics, self._labels, strict=True)
         )
-        head = {
-            **self._head,
-            "updated": time.time(),
-            "finished": report is not None,
-            "exit_code": report.exit_code if report is not None else None,
-            **self._tail,
-        }
-        return encode_lines(head, lines)
+        return encode_lines({**head, **self._tail}, lines, checksum=CHECKSUM if digest is not None else None)
+
+    def _steps_digest(self) -> str | None:
+        """A digest of everything the steps of a run that ran nothing are encoded from, or None
+        where a step's drift digest is not known (the caller gave none).
+
+        Per step: label, identity (name, version, versioned values, inputs), drift digest (its
+        config as plain JSON, with every field, versioned or not, upstream labels, and its code),
+        plan, function, description, resources, how its inputs are referenced (by object or name,
+        blocking or not, in identity or not), and the types its plain form does not name
+        (`ConfigRefs.kinds`); for all steps: the experiment file, and the source of the code that
+        encodes them."""
+        if self._drift is None:
+            return None
+        plan, dag = self._plan.steps, self._plan.dag
+        parts = [_encoder_fingerprint(), self._tail["source_file"] or ""]
+        fn_paths: dict[int, str] = {}  # most steps share a function
+        drift = self._drift
+        for label, node in dag.nodes.items():
+            step, sp = node.step, plan[label]
+            fn = fn_paths.get(id(step.fn)) or fn_paths.setdefault(id(step.fn), fn_import_path(step.fn))
+            resources = step.resources
+            # How each input is referenced; what it points at is in the identity and drift text.
+            inputs = "".join(
+                "NB"[type(p.step) is str] + "SB"[p.blocking] + "XI"[p.identity]
+                for p in node.refs.inputs.values()
+            )
+            parts.append(
+                f"{label}\t{node.identity.hash}\t{drift.get(label) or drift_digest_of(dag, label)}\t"
+                f"{sp.state.value}\t{sp.reason!r}\t{fn}\t{step.description!r}\t"
+                f"{'' if resources == _DEFAULT_RESOURCES else repr(resources)}\t{inputs}\t"
+                f"{_kinds_text(node.refs.kinds)}"
+            )
+        return hashlib.sha256("\n".join(parts).encode("utf-8", "surrogatepass")).hexdigest()
 
     def _statics(self) -> Iterator[bytes]:
         """Each step's unchanging fields, its recipe encoded as it comes (the recipes of a large
@@ -109,6 +177,58 @@ class ManifestBuilder:
             }
             # Bytes: this JSON is ASCII, and 10,000 steps make a manifest of about 10 MB.
             yield json.dumps(entry, default=str)[:-1].encode()
+
+
+def _copyable(previous: bytes, digest: str) -> int | None:
+    """The checksum of `previous`'s steps if they can be copied into a manifest whose steps have
+    `digest`: written by `encode_lines` with that digest, and the bytes it wrote (unedited)."""
+    before = encoded_head(previous)
+    if before is None or before.get("steps_digest") != digest:
+        return None
+    checksum = before.get(CHECKSUM)
+    return checksum if checksum == steps_checksum(previous) else None
+
+
+def _ran_nothing(report: RunReport) -> bool:
+    """Whether every step's outcome is its planned state and nothing more: its line in the
+    manifest is then a function of the plan alone."""
+    plan = report.plan.steps
+    return all(
+        o.state == plan[label].state
+        and o.started is None
+        and o.attempts == 0
+        and o.error is None
+        and not o.metrics
+        for label, o in report.outcomes.items()
+    )
+
+
+@functools.cache
+def _encoder_fingerprint() -> str:
+    """A digest of the code that encodes a manifest's steps: a Drydock that encodes them
+    differently never copies the steps of a manifest an older one wrote."""
+    digest = hashlib.sha256()
+    try:
+        for path in (recipe_module.__file__, recipe_codec.__file__, manifests.__file__, __file__):
+            with open(path or "", "rb") as f:
+                digest.update(f.read())
+    except OSError:  # code without its files (a frozen build): never the same, never copies
+        digest.update(os.urandom(16))
+    return digest.hexdigest()
+
+
+_KINDS_TEXT: dict[frozenset[type], str] = {}
+
+
+def _kinds_text(kinds: frozenset[type]) -> str:
+    """`module:qualname` of each type, sorted; computed once per set of types."""
+    text = _KINDS_TEXT.get(kinds)
+    if text is None:
+        text = _KINDS_TEXT[kinds] = ",".join(sorted(f"{k.__module__}:{k.__qualname__}" for k in kinds))
+    return text
+
+
+_DEFAULT_RESOURCES = Resources()
 
 
 def _outcome(label: str, planned: str, report: RunReport | None) -> dict[str, Any]:

@@ -289,10 +289,16 @@ class ConditionalStorage(Storage):
 
 def _read_all(fd: int) -> bytes:
     """Everything from `fd`'s offset to its end."""
-    chunks = []
-    while chunk := os.read(fd, 1 << 16):
+    size = 1 << 16
+    chunk = os.read(fd, size)
+    if len(chunk) < size:
+        # A short read of a regular file is its end (a signal does not cut a read of a local
+        # file short): one system call per small file, not two, and a plan reads one per step.
+        return chunk
+    chunks = [chunk]
+    while chunk := os.read(fd, size):
         chunks.append(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    return b"".join(chunks)
 
 
 def _in_directory(directory: str, make: Callable[[], T]) -> T:

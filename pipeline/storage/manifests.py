@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -24,6 +25,7 @@ __all__ = [
     "RUNS_DIR",
     "ManifestError",
     "encode_lines",
+    "encoded_head",
     "experiment_name",
     "is_manifest",
     "list_manifests",
@@ -33,6 +35,8 @@ __all__ = [
     "parse_manifest",
     "run_record_dir",
     "run_record_path",
+    "steps_checksum",
+    "with_head",
 ]
 
 
@@ -58,10 +62,20 @@ def manifest_path(prefix: str, labels: Iterable[str], experiment: str) -> str:
     return join_path(prefix, manifest_name(experiment, digest))
 
 
-def encode_lines(head: Mapping[str, Any], step_lines: Iterable[str | bytes | tuple[bytes, ...]]) -> bytes:
+_STEPS_OPEN = b', "steps": [\n'
+_STEPS_CLOSE = b"\n]}\n"
+
+
+def encode_lines(
+    head: Mapping[str, Any],
+    step_lines: Iterable[str | bytes | tuple[bytes, ...]],
+    *,
+    checksum: str | None = None,
+) -> bytes:
     """A manifest from its fields but `steps`, and each step already encoded as one JSON line:
-    text, UTF-8 bytes, or a tuple of byte pieces that make the line when joined."""
-    pieces = [(json.dumps(head, default=str)[:-1] + ', "steps": [\n').encode()]
+    text, UTF-8 bytes, or a tuple of byte pieces that make the line when joined. `checksum`: a
+    field of the head that gets the CRC-32 of the steps as written (`steps_checksum`)."""
+    pieces = [b""]
     for i, line in enumerate(step_lines):
         if i:
             pieces.append(b",\n")
@@ -69,10 +83,46 @@ def encode_lines(head: Mapping[str, Any], step_lines: Iterable[str | bytes | tup
             pieces.extend(line)
         else:
             pieces.append(line if isinstance(line, bytes) else line.encode())
-    pieces.append(b"\n]}\n")
+    pieces.append(_STEPS_CLOSE)
+    if checksum is not None:
+        crc = 0
+        for piece in pieces:
+            crc = zlib.crc32(piece, crc)
+        head = {**head, checksum: crc}
+    pieces[0] = _head_line(head)
     # One copy, made once: a manifest of 10,000 steps is about 10 MB, and its copies set a
     # cached rerun's peak memory.
     return b"".join(pieces)
+
+
+def with_head(head: Mapping[str, Any], encoded: bytes) -> bytes:
+    """A manifest that `encode_lines` wrote, with its fields but `steps` replaced by `head`."""
+    return b"".join((_head_line(head), memoryview(encoded)[encoded.index(b"\n") + 1 :]))
+
+
+def encoded_head(encoded: bytes) -> dict[str, Any] | None:
+    """The fields but `steps` of a manifest as `encode_lines` wrote it (its first line), or None
+    for anything else: bytes of another shape, a manifest cut short or indented by hand."""
+    end = encoded.find(b"\n")
+    first = encoded[: end + 1]
+    if end < 0 or not first.endswith(_STEPS_OPEN) or not encoded.endswith(_STEPS_CLOSE):
+        return None
+    try:
+        head = json.loads(first[: -len(_STEPS_OPEN)] + b"}")
+    except ValueError:
+        return None
+    return head if isinstance(head, dict) else None
+
+
+def steps_checksum(encoded: bytes) -> int:
+    """The CRC-32 of the steps of a manifest as `encode_lines` wrote it (all but its first line),
+    as its `checksum` field records it: a copy is made only of steps that are the bytes written."""
+    return zlib.crc32(memoryview(encoded)[encoded.index(b"\n") + 1 :])
+
+
+def _head_line(head: Mapping[str, Any]) -> bytes:
+    """A manifest's first line: its fields but `steps`, and the opening of the `steps` list."""
+    return json.dumps(head, default=str)[:-1].encode() + _STEPS_OPEN
 
 
 def parse_manifest(data: bytes, location: str) -> dict[str, Any]:
