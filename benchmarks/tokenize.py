@@ -8,7 +8,13 @@ three use the same `tokenizers` tokenizer (data/tokenizer) on the same cores:
   step      steps.data.tokenize.tokenize: read jsonl, encode, write the Levanter cache, ledgers, stats
   levanter  levanter.data.text.build_lm_dataset_cache on the same files
 
-    .venv/bin/python benchmarks/tokenize.py [--repeat 8] [--skip-levanter] [--out results.json]
+    .venv/bin/python benchmarks/tokenize.py [--repeat 8] [--runs 3] [--one-core] [--skip-levanter]
+                                            [--out results.json]
+
+`--runs N` times raw and the step N times each, alternating, and reports each one's median and
+the median of the per-run ratios. `--one-core` pins the process to one CPU and `encode_batch` to
+one thread (RAYON_RS_NUM_CPUS=1): a per-core comparison, where overlapping work on another core
+cannot hide the step's own costs. The 1-minute load average is printed before and after.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -87,35 +94,55 @@ def bench_levanter(files: list[Path], tokenizer_dir: Path, workdir: Path) -> tup
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=8)
+    parser.add_argument("--runs", type=int, default=1, help="alternating runs of raw and the step")
+    parser.add_argument("--one-core", action="store_true", help="pin to one CPU, one tokenizer thread")
     parser.add_argument("--skip-levanter", action="store_true")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if args.one_core:
+        # Before `tokenizers` is imported: its thread pool is sized once, from this variable.
+        os.environ["RAYON_RS_NUM_CPUS"] = "1"
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     tokenizer_dir = ROOT / "data" / "tokenizer"
     workdir = Path(tempfile.mkdtemp(prefix="drydock-bench-tokenize-"))
+    load_before = os.getloadavg()[0]
     try:
         files, docs = corpus(args.repeat, workdir)
         mb = sum(f.stat().st_size for f in files) / 1e6
-        rows = {}
         # Warm up: imports and the tokenizer's first call are not part of any figure.
         bench_raw(docs[:2000], tokenizer_dir)
         bench_step(files[:1], tokenizer_dir, workdir / "warm")
-        rows["raw encode_batch"] = bench_raw(docs, tokenizer_dir)
-        rows["tokenize step"] = bench_step(files, tokenizer_dir, workdir)
+        runs: dict[str, list[tuple[float, int]]] = {"raw encode_batch": [], "tokenize step": []}
+        for i in range(args.runs):
+            runs["raw encode_batch"].append(bench_raw(docs, tokenizer_dir))
+            runs["tokenize step"].append(bench_step(files, tokenizer_dir, workdir / f"run-{i}"))
         if not args.skip_levanter:
-            rows["levanter build_lm_dataset_cache"] = bench_levanter(files, tokenizer_dir, workdir)
-        raw_rate = rows["raw encode_batch"][1] / rows["raw encode_batch"][0]
-        print(f"corpus: {len(docs):,} documents, {mb:.1f} MB in {len(files)} files; {os.cpu_count()} cores")
-        print(f"{'':34} {'seconds':>8} {'tokens':>11} {'tokens/s':>11} {'vs raw':>7}")
-        result = {"documents": len(docs), "megabytes": mb, "cores": os.cpu_count(), "rows": {}}
-        for name, (seconds, tokens) in rows.items():
+            runs["levanter build_lm_dataset_cache"] = [bench_levanter(files, tokenizer_dir, workdir)]
+        raw_s = statistics.median(s for s, _ in runs["raw encode_batch"])
+        raw_rate = runs["raw encode_batch"][0][1] / raw_s
+        cores = "1 (pinned, one tokenizer thread)" if args.one_core else str(os.cpu_count())
+        print(f"corpus: {len(docs):,} documents, {mb:.1f} MB in {len(files)} files; cores: {cores}")
+        print(f"load average (1 min) before / after: {load_before:.2f} / {os.getloadavg()[0]:.2f}")
+        print(f"{'':34} {'seconds':>8} {'tokens':>11} {'tokens/s':>11} {'vs raw':>7}   runs (s)")
+        result: dict = {"documents": len(docs), "megabytes": mb, "cores": cores, "rows": {}}
+        for name, timings in runs.items():
+            seconds = statistics.median(s for s, _ in timings)
+            tokens = timings[0][1]
             rate = tokens / seconds
-            print(f"{name:34} {seconds:8.2f} {tokens:11,} {rate:11,.0f} {rate / raw_rate:7.0%}")
+            each = ", ".join(f"{s:.2f}" for s, _ in timings)
+            print(f"{name:34} {seconds:8.2f} {tokens:11,} {rate:11,.0f} {rate / raw_rate:7.0%}   {each}")
             result["rows"][name] = {
                 "seconds": seconds,
+                "runs_s": [s for s, _ in timings],
                 "tokens": tokens,
                 "tokens_per_s": rate,
                 "fraction_of_raw": rate / raw_rate,
             }
+        # Each run's step against the raw run just before it: the pairs share the machine's state.
+        pairs = [r[0] / s[0] for r, s in zip(runs["raw encode_batch"], runs["tokenize step"], strict=True)]
+        ratio = statistics.median(pairs)
+        print(f"step / raw, paired: median {ratio:.0%} (runs: {', '.join(f'{p:.0%}' for p in pairs)})")
+        result["step_vs_raw_paired"] = {"median": ratio, "runs": pairs}
         if args.out:
             Path(args.out).write_text(json.dumps(result, indent=2))
     finally:

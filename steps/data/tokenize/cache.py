@@ -41,30 +41,69 @@ def tokenize_shard(config: TokenizeConfig, split_dir: str, path: str, shard: str
     if fs.exists(local):
         fs.rm(local, recursive=True)  # a partial shard from an interrupted attempt
     tok = load_tokenizer(config.tokenizer)
+    # cache_metadata: this writer is the shard's only one, so its row and token counts need not be
+    # read back from the store before every write.
     store = TreeStore.open(
-        {"input_ids": np.zeros((0,), dtype=np.int32)}, shard_dir, mode="w", cache_metadata=False
+        {"input_ids": np.zeros((0,), dtype=np.int32)}, shard_dir, mode="w", cache_metadata=True
     )
     stats = ShardStats(path=path, shard=shard)
     batch: list[str] = []
+    pending = _Pending(store.tree["input_ids"])
 
-    def flush() -> None:
-        ids = tok.encode(batch)
-        store.extend([{"input_ids": np.asarray(x, dtype=np.int32)} for x in ids])
-        stats.documents += len(ids)
-        stats.tokens += sum(len(x) for x in ids)
+    def encode() -> None:
+        ids, ends = tok.encode_flat(batch)
+        pending.add(ids, ends)
+        stats.documents += len(ends)
+        stats.tokens += len(ids)
         batch.clear()
 
     for text in documents(path, config, stats):
         stats.bytes += len(text.encode("utf-8"))
         batch.append(text)
         if len(batch) >= config.batch_size:
-            flush()
+            encode()
     if batch:
-        flush()
+        encode()
+    pending.write()
     stats.seconds = time.time() - started
     write_ledger(shard_dir, None, tok.metadata, rows=stats.documents, tokens=stats.tokens)
     write_json(f"{shard_dir}/{SHARD_MARKER}", asdict(stats))
     return stats
+
+
+WRITE_TOKENS = 1 << 22
+"""Tokens gathered before a write to the shard's store (16 MB of int32)."""
+
+
+class _Pending:
+    """Encoded batches not yet in the store, written `WRITE_TOKENS` at a time as one array and
+    its offsets (what `TreeStore.extend` makes of a list of per-document dicts, without the
+    per-document objects). Few large writes, not one per batch: the store's files are zarr3
+    shards that each write rewrites whole, so 32 writes of 120,000 tokens cost 0.44 s against
+    0.05 s for 3 of a million (measured on this machine)."""
+
+    def __init__(self, column: Any) -> None:
+        self.column = column
+        self.ids: list[Any] = []
+        self.ends: list[Any] = []
+        self.tokens = 0
+
+    def add(self, ids: Any, ends: Any) -> None:
+        self.ids.append(ids)
+        self.ends.append(ends + self.tokens)  # end offsets within what is pending
+        self.tokens += len(ids)
+        if self.tokens >= WRITE_TOKENS:
+            self.write()
+
+    def write(self) -> None:
+        import numpy as np
+        from levanter.store.jagged_array import PreparedBatch
+
+        if not self.ends:
+            return
+        data, ends = np.concatenate(self.ids), np.concatenate(self.ends)
+        self.column.extend(PreparedBatch(data, ends, None))
+        self.ids, self.ends, self.tokens = [], [], 0
 
 
 def read_marker(shard_dir: str) -> ShardStats | None:

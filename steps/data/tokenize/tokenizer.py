@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from steps.data.tokenize.common import TokenizeError
 
 __all__ = ["LoadedTokenizer", "load_tokenizer", "resolve_tokenizer"]
@@ -27,11 +29,20 @@ class LoadedTokenizer:
     spec: str = ""
     """The tokenizer as given (a directory or a Hub name): what the mixture's data config names."""
 
-    def encode(self, texts: list[str]) -> list[list[int]]:
-        head = [self.bos_id] if self.bos_id is not None else []
-        return [
-            head + e.ids + [self.eos_id] for e in self.backend.encode_batch(texts, add_special_tokens=False)
-        ]
+    def encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Every text's ids, each wrapped in bos/eos, end to end in one int32 array, and each
+        text's end offset in it: what a token cache stores, made without a list or an array per
+        text (at the tokenizer's speed, per-text objects cost a tenth of the step's time)."""
+        bos, eos = self.bos_id, self.eos_id
+        flat: list[int] = []
+        ends: list[int] = []
+        for encoding in self.backend.encode_batch(texts, add_special_tokens=False):
+            if bos is not None:
+                flat.append(bos)
+            flat.extend(encoding.ids)
+            flat.append(eos)
+            ends.append(len(flat))
+        return np.array(flat, dtype=np.int32), np.array(ends, dtype=np.int64)
 
     @property
     def info(self) -> dict[str, Any]:

@@ -334,3 +334,25 @@ def test_a_manifest_whose_checkout_moved_is_refused_then_remapped(tmp_path, toke
     )
     malformed = drydock("plan", str(manifest), "--remap", "/nowhere")
     assert malformed.returncode == 2 and "'/nowhere' is not OLD=NEW" in malformed.stderr
+
+
+def test_writes_gathered_across_batches_keep_every_document_whole(tmp_path, tokenizer_dir, monkeypatch):
+    """Encoded batches reach the store in large writes (`cache.WRITE_TOKENS`): documents split
+    across encode batches and writes of every size read back exactly as one write per file."""
+    from tokenizers import Tokenizer
+
+    from steps.data.tokenize import cache as cache_module
+
+    docs = make_docs(60, seed=3)
+    source = write_jsonl(tmp_path / "in" / "a.jsonl", docs)
+    tokenize(config(tmp_path / "one", tokenizer_dir, [source]))
+    monkeypatch.setattr(cache_module, "WRITE_TOKENS", 50)  # a write every few documents
+    tokenize(config(tmp_path / "many", tokenizer_dir, [source], batch_size=7))
+    one = load_cache(str(tmp_path / "one" / "out" / "train"))
+    many = load_cache(str(tmp_path / "many" / "out" / "train"))
+    assert len(one) == len(many) == 60
+    tok = Tokenizer.from_file(os.path.join(tokenizer_dir, "tokenizer.json"))
+    for i, text in enumerate(docs):
+        ids = [int(x) for x in many[i]["input_ids"]]
+        assert ids == [int(x) for x in one[i]["input_ids"]]
+        assert tok.decode(ids[1:-1]) == text
