@@ -100,19 +100,14 @@ def plant(texts: list[str], workdir: Path, count: int) -> set[tuple[str, int]]:
 
 def removed_by_drydock(inputs: Path, output: Path) -> set[tuple[str, int]]:
     """(file, index) of every input record missing from the step's kept output."""
-    from steps.data.shards import shard_texts
+    from steps.data.dedupe import removed_indices
 
     kept_files = {p.name: p for p in output.glob("data/**/*.jsonl")}
-    removed = set()
-    for path in sorted(inputs.glob("*.jsonl")):
-        kept = iter(shard_texts(str(kept_files[path.name]), "text"))
-        current = next(kept, None)
-        for i, text in enumerate(shard_texts(str(path), "text")):
-            if text == current:
-                current = next(kept, None)
-            else:
-                removed.add((path.name, i))
-    return removed
+    return {
+        (path.name, i)
+        for path in sorted(inputs.glob("*.jsonl"))
+        for i in removed_indices(str(path), str(kept_files[path.name]))
+    }
 
 
 def peak_rss_mb() -> float:

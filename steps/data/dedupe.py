@@ -82,7 +82,7 @@ from steps.data.sources import (
 from steps.files import exists, read_bytes, read_json, write_file, write_json
 from steps.training.estimates import readable_bytes
 
-__all__ = ["DedupeConfig", "DedupeError", "dedupe", "dedupe_step", "normalize"]
+__all__ = ["DedupeConfig", "DedupeError", "dedupe", "dedupe_step", "normalize", "removed_indices"]
 
 MINHASH = ("one_permutation", "datasketch")
 GROUPING = ("components", "first_match")
@@ -310,6 +310,24 @@ def dedupe(config: DedupeConfig) -> None:
         step_events.progress(done, len(shards), "shards written")
     _write_pairs(config, shards, removed.sample)
     _write_stats(config, shards, tallies, removed, time.time() - started)
+
+
+def removed_indices(source: str, kept: str, text_field: str = "text") -> list[int]:
+    """Indices of the records of the input shard `source` that `kept`, the step's output for it
+    (`<output>/data/...`), does not hold. The step keeps a shard's records in their order, so
+    one pass over both finds them; a kept record that is not the next one of the input is a
+    `DedupeError` (the two files do not belong together)."""
+    kept_texts = iter(shard_texts(kept, text_field))
+    current = next(kept_texts, None)
+    removed = []
+    for i, text in enumerate(shard_texts(source, text_field)):
+        if text == current:
+            current = next(kept_texts, None)
+        else:
+            removed.append(i)
+    if current is not None:
+        raise DedupeError(f"{kept} holds records that are not those of {source}, in order")
+    return removed
 
 
 def _shards(config: DedupeConfig) -> list[tuple[str, str, str]]:

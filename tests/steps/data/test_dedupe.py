@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import ExecutorMainConfig, StepDeclarationError, run_experiment
-from steps.data.dedupe import DedupeConfig, DedupeError, dedupe, dedupe_step, normalize
-from steps.data.shards import shard_texts
+from steps.data.dedupe import DedupeConfig, DedupeError, dedupe, dedupe_step, normalize, removed_indices
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -96,18 +95,11 @@ def test_the_planted_duplicates_and_only_they_are_removed(tmp_path, minhash, gro
         grouping=grouping,
     )
     out = run_step(step, tmp_path / "prefix")
-    removed = set()
-    for name in ("a.jsonl", "b.jsonl.gz", "c.parquet"):
-        original = list(shard_texts(str(tmp_path / "raw" / name), "text"))
-        kept = list(shard_texts(str(out / "data" / "raw" / name), "text"))
-        kept_iter = iter(kept)
-        current = next(kept_iter, None)
-        for i, text in enumerate(original):  # kept records, in order: which ones went
-            if text == current:
-                current = next(kept_iter, None)
-            else:
-                removed.add((f"raw/{name}", i))
-        assert current is None
+    removed = {
+        (f"raw/{name}", i)
+        for name in ("a.jsonl", "b.jsonl.gz", "c.parquet")
+        for i in removed_indices(str(tmp_path / "raw" / name), str(out / "data" / "raw" / name))
+    }
     true_positives = len(removed & planted)
     precision, recall = true_positives / len(removed), true_positives / len(planted)
     print(f"planted {len(planted)}, removed {len(removed)}: precision {precision:.3f}, recall {recall:.3f}")
@@ -231,3 +223,15 @@ def test_the_plan_says_what_each_task_holds_for_the_corpus_given():
     # 16 bytes a document of the part: 1e8 / 8 x 16 bytes = 0.19 GiB
     assert "memory for 100,000,000 documents: a band part 0.2 GiB and 512 bytes per candidate" in shown
     assert "documents=N" in preview(DedupeConfig(inputs=[], output="x"))
+
+
+def test_removed_indices_reads_which_records_a_kept_shard_lacks(tmp_path):
+    docs = [f"document number {i} with some words" for i in range(6)]
+    source, kept, stranger = tmp_path / "in.jsonl", tmp_path / "kept.jsonl", tmp_path / "other.jsonl"
+    write_jsonl(source, docs)
+    write_jsonl(kept, [docs[0], docs[2], docs[5]])
+    write_jsonl(stranger, [docs[2], "not an input record"])
+    assert removed_indices(str(source), str(kept)) == [1, 3, 4]
+    assert removed_indices(str(source), str(source)) == []
+    with pytest.raises(DedupeError, match="not those of"):
+        removed_indices(str(source), str(stranger))

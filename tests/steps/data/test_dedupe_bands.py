@@ -83,18 +83,12 @@ def spread_corpus(root: Path, shards: int = 6, per_shard: int = 60) -> set[tuple
 
 
 def removed_by(out: Path, inputs: Path) -> set[tuple[str, int]]:
-    from steps.data.shards import shard_texts
+    from steps.data.dedupe import removed_indices
 
     removed = set()
     for path in sorted(inputs.glob("*.jsonl")):
         (kept_path,) = out.glob(f"data/**/{path.name}")
-        kept = iter(shard_texts(str(kept_path), "text"))
-        current = next(kept, None)
-        for i, text in enumerate(shard_texts(str(path), "text")):
-            if text == current:
-                current = next(kept, None)
-            else:
-                removed.add((path.name, i))
+        removed.update((path.name, i) for i in removed_indices(str(path), str(kept_path)))
     return removed
 
 
