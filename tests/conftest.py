@@ -2,7 +2,16 @@
 models are compiled once per session."""
 
 import os
+import signal
 import tempfile
+
+# Tests Ctrl-C runners with SIGINT. A suite started in the background by a non-interactive shell
+# (`nohup make test &`) inherits SIGINT ignored, and an ignored signal stays ignored across exec:
+# every runner a test starts would ignore its Ctrl-C (Python installs its KeyboardInterrupt
+# handler only where SIGINT is not ignored at start). A handler here is reset to the default in
+# each child at exec, so the children start as they would from a terminal.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # Local input hashes (steps.data.sources) are cached here, not under ~/.cache.
