@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import io
-import unicodedata
 from collections.abc import Callable
+from itertools import islice, pairwise
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -25,7 +25,8 @@ from steps.data.dedupe_bands import (
     save_pairs,
 )
 from steps.data.dedupe_first_match import datasketch_signer
-from steps.data.minhash import BATCH_BYTES, signatures
+from steps.data.minhash import BATCH_BYTES, sign
+from steps.data.normalized import normalize, normalized_bytes
 from steps.data.shards import ShardError, shard_texts
 from steps.files import exists, read_bytes, write_file
 
@@ -36,6 +37,7 @@ __all__ = [
     "DedupeError",
     "band_task",
     "components_pass",
+    "exact_hashes",
     "loader",
     "normalize",
     "sign_shard",
@@ -50,15 +52,6 @@ class DedupeError(ValueError):
     """A dedupe configuration or input that cannot be used."""
 
 
-def normalize(text: str) -> str:
-    """The form duplicates are compared in: NFKC, lower case, whitespace runs as one space."""
-    # str.split() splits on exactly the characters re's \s matches (str.isspace), three times
-    # faster than a regex; ASCII is its own NFKC form.
-    if not text.isascii():
-        text = unicodedata.normalize("NFKC", text)
-    return " ".join(text.lower().split())
-
-
 def sign_shard(
     config: DedupeConfig, path: str, key: str, with_minhash: bool = True
 ) -> tuple[str, dict[str, np.ndarray]]:
@@ -70,29 +63,37 @@ def sign_shard(
             if not with_minhash:
                 return key, {"documents": np.asarray(len(data["exact"]))}
             return key, {name: data[name] for name in data.files}
-    exact, sizes = [], []
+    exact: list[np.ndarray] = []
     sigs: list[np.ndarray] = []
-    batch: list[str] = []  # normalized texts not yet signed
+    sizes: list[int] = []
+    batch: list[str] = []  # texts not yet hashed
     batch_bytes = 0
     sign = signer(config)
+
+    def flush() -> None:
+        sizes.extend([len(t) if t.isascii() else len(t.encode("utf-8")) for t in batch])
+        data, offsets = normalized_bytes(batch)
+        exact.append(exact_hashes(data, offsets))
+        if config.near:
+            sigs.append(sign(data, offsets))
+        batch.clear()
+
+    texts = shard_texts(path, config.text_field)
     try:
-        for text in shard_texts(path, config.text_field):
-            norm = normalize(text)
-            exact.append(int.from_bytes(hashlib.blake2b(norm.encode(), digest_size=8).digest(), "little"))
-            sizes.append(len(text.encode("utf-8")))
-            if config.near:
-                batch.append(norm)
-                batch_bytes += len(norm)
-                if batch_bytes >= BATCH_BYTES:
-                    sigs.append(sign(batch))
-                    batch, batch_bytes = [], 0
+        # A few hundred texts at a time: the batch is gathered without Python work per text.
+        while chunk := list(islice(texts, 256)):
+            batch.extend(chunk)
+            batch_bytes += sum(map(len, chunk))
+            if batch_bytes >= BATCH_BYTES:
+                flush()
+                batch_bytes = 0
     except ShardError as e:
         raise DedupeError(str(e)) from e
     if batch:
-        sigs.append(sign(batch))
+        flush()
     width = config.num_perm if config.near else 0
     result = {
-        "exact": np.array(exact, dtype=np.uint64),
+        "exact": np.concatenate(exact) if exact else np.zeros(0, dtype=np.uint64),
         "bytes": np.array(sizes, dtype=np.int64),
         "minhash": np.concatenate(sigs) if sigs else np.zeros((0, width), dtype=np.uint32),
     }
@@ -100,7 +101,7 @@ def sign_shard(
     np.savez(out, **result)
     write_file(work, out.getvalue())  # whole or not at all: a killed shard is redone
     if not with_minhash:
-        return key, {"documents": np.asarray(len(exact))}
+        return key, {"documents": np.asarray(len(sizes))}
     return key, result
 
 
@@ -173,8 +174,23 @@ def components_pass(config: DedupeConfig, order: list[str], counts: list[int]) -
     return removed
 
 
-def signer(config: DedupeConfig) -> Callable[[list[str]], np.ndarray]:
-    """Signatures (uint32, a row per text) of a batch of normalized texts, as `config.minhash` says."""
+def exact_hashes(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """The exact pass's key of each document of a normalized batch (`normalized_bytes`): the
+    first 8 bytes of the BLAKE2b of its normalized UTF-8, little-endian, as uint64."""
+    view, bounds = memoryview(data), offsets.tolist()
+    digests = b"".join(hashlib.blake2b(view[a:b], digest_size=8).digest() for a, b in pairwise(bounds))
+    return np.frombuffer(digests, dtype="<u8").astype(np.uint64)
+
+
+def signer(config: DedupeConfig) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """Signatures (uint32, a row per document) of a normalized batch (`normalized_bytes`'s
+    buffer and offsets), as `config.minhash` says."""
     if config.minhash == "one_permutation":
-        return lambda texts: signatures(texts, ngram=config.ngram, num_perm=config.num_perm)
-    return datasketch_signer(config.ngram, config.num_perm)
+        return lambda data, offsets: sign(data, offsets, ngram=config.ngram, num_perm=config.num_perm)
+    one_by_one = datasketch_signer(config.ngram, config.num_perm)
+
+    def datasketch(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        raw, bounds = data.tobytes(), offsets.tolist()
+        return one_by_one([raw[a:b].decode("utf-8") for a, b in pairwise(bounds)])
+
+    return datasketch

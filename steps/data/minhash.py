@@ -1,16 +1,18 @@
-"""MinHash signatures of many documents at once, in numpy: no Python object per word or n-gram.
+"""MinHash signatures of many documents at once: no Python object per word or n-gram.
 
     texts = [normalize(t) for t in shard]            # words separated by single spaces
     sigs = signatures(texts, ngram=5, num_perm=128)  # uint32, one row per document
 
 The dedupe step's signature pass (`steps.data.dedupe`). Two costs dominate a per-document MinHash such
 as datasketch's: making a Python string, bytes object and SHA-1 per n-gram, and evaluating
-`num_perm` hash functions on every n-gram. Both are gone here:
+`num_perm` hash functions on every n-gram. Both are gone here. `sign` (and `signatures`, which
+calls it) computes the signature in one compiled pass over a batch's bytes
+(`steps.data.kernels`); `ngram_hashes` computes the same n-gram hashes in numpy (decontamination
+uses it, and the tests check the compiled pass against it bit for bit). What is computed:
 
-1. **Shingles.** A batch of documents is one byte buffer (documents joined by a newline, which
-   normalized text never holds). Every word's hash is a polynomial hash of its bytes, read off
-   prefix sums over the whole buffer (arithmetic mod 2^64, which numpy's uint64 does natively),
-   mixed by splitmix64's finalizer; every n-gram's hash is a polynomial hash of its words' hashes
+1. **Shingles.** Every word's hash is a polynomial hash of its bytes (the i-th byte plus one
+   times 0x100000001B3^i, arithmetic mod 2^64) plus its length times a constant, mixed by
+   splitmix64's finalizer; every n-gram's hash is a polynomial hash of its words' hashes
    the same way, mixed again. Documents of fewer than `ngram` words are one n-gram, as before.
 2. **One permutation** (Li, Owen and Zhang 2012). Each n-gram's 64-bit hash picks one of
    `num_perm` bins (its high bits) and gives the bin a 32-bit value (its low bits); a
@@ -34,15 +36,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["BATCH_BYTES", "mix", "ngram_hashes", "signatures"]
+__all__ = ["BATCH_BYTES", "mix", "ngram_hashes", "sign", "signatures"]
 
 BATCH_BYTES = 4 << 20
-"""Text hashed at once: the prefix sums take about 40 bytes per byte of text (160 MiB a batch)."""
+"""Text signed at once. (`ngram_hashes`'s prefix sums take about 40 bytes per byte of text,
+160 MiB a batch; the compiled pass that `sign` runs, a byte buffer and a word per word.)"""
 
 _U64 = np.uint64
-_WORD_BASE = _U64(0x100000001B3)  # FNV's 64-bit prime: odd, so it has an inverse mod 2^64
-_GRAM_BASE = _U64(0x9E3779B97F4A7C15)  # the golden ratio's odd 64-bit constant
-_LENGTH = _U64(0xD6E8FEB86659FD93)
+WORD_BASE = _U64(0x100000001B3)  # FNV's 64-bit prime: odd, so it has an inverse mod 2^64
+GRAM_BASE = _U64(0x9E3779B97F4A7C15)  # the golden ratio's odd 64-bit constant
+LENGTH = _U64(0xD6E8FEB86659FD93)
 _DENSIFY_SEED = 0x5EED  # the empty bins' probe sequences: fixed, so every run densifies alike
 _MAX_PROBES = 4096
 
@@ -97,8 +100,8 @@ def ngram_hashes(texts: Sequence[str], ngram: int, *, short: bool = True) -> tup
     word_ends = np.concatenate((cuts, [len(data)]))
     # Bytes count from 1, so that a zero byte still adds to the hash; the length separates words
     # whose bytes sum alike.
-    words = _span_hashes(data.astype(_U64) + _U64(1), word_starts, word_ends, _WORD_BASE)
-    words = mix(words + (word_ends - word_starts).astype(_U64) * _LENGTH)
+    words = _span_hashes(data.astype(_U64) + _U64(1), word_starts, word_ends, WORD_BASE)
+    words = mix(words + (word_ends - word_starts).astype(_U64) * LENGTH)
     # Text t's words are those after its t-th newline: the newlines among the cuts.
     newline = data[cuts] == ord("\n")
     first_word = np.concatenate(([0], np.flatnonzero(newline) + 1))
@@ -116,8 +119,8 @@ def ngram_hashes(texts: Sequence[str], ngram: int, *, short: bool = True) -> tup
     owner = np.repeat(np.arange(len(texts)), num_grams)
     starts = first_word[owner] + (np.arange(len(owner)) - first_gram[owner])
     lengths = np.minimum(ngram, num_words)[owner]
-    grams = _span_hashes(words.copy(), starts, starts + lengths, _GRAM_BASE)
-    return mix(grams + lengths.astype(_U64) * _LENGTH), first_gram
+    grams = _span_hashes(words.copy(), starts, starts + lengths, GRAM_BASE)
+    return mix(grams + lengths.astype(_U64) * LENGTH), first_gram
 
 
 def _probes(num_perm: int) -> np.ndarray:
@@ -130,29 +133,21 @@ def _probes(num_perm: int) -> np.ndarray:
 _PROBES: dict[int, np.ndarray] = {}
 
 
-def _densify(sig: np.ndarray, empty: np.ndarray) -> np.ndarray:
-    """Fill each document's empty bins from the first non-empty bin on the bin's probe sequence."""
-    num_perm = sig.shape[1]
+def sign(data: np.ndarray, offsets: np.ndarray, *, ngram: int, num_perm: int) -> np.ndarray:
+    """One-permutation MinHash signatures (uint32, a row per document) of documents given as
+    one UTF-8 buffer (`data`, uint8) and `len + 1` offsets into it, each in `normalize`'s form
+    (`steps.data.normalized`): the hashes, bins and densification above, in one compiled pass
+    (`steps.data.kernels`)."""
+    from steps.data.kernels import sign_one_permutation
+
     probes = _PROBES.get(num_perm)
     if probes is None:
-        probes = _PROBES[num_perm] = _probes(num_perm).reshape(-1)
-    flat_sig, flat_empty = sig.reshape(-1), empty.reshape(-1)
-    cells = np.flatnonzero(flat_empty)  # document * num_perm + bin
-    rows, probe = cells - cells % num_perm, (cells % num_perm) * _MAX_PROBES
-    out = flat_sig.copy()
-    for _attempt in range(_MAX_PROBES):
-        if not len(cells):
-            return out.reshape(sig.shape)
-        source = rows + probes[probe]
-        found = ~flat_empty[source]
-        out[cells[found]] = flat_sig[source[found]]
-        missed = ~found
-        cells, rows, probe = cells[missed], rows[missed], probe[missed] + 1
-    # Not reached in practice ((1 - 1/num_perm)^4096 for a one-n-gram document): the lowest
-    # non-empty bin, which every document has.
-    lowest = np.argmax(~empty, axis=1)
-    out[cells] = sig[cells // num_perm, lowest[cells // num_perm]]
-    return out.reshape(sig.shape)
+        # Round by round (see the kernel), in the narrowest integers that hold a bin.
+        narrow = np.uint16 if num_perm <= 1 << 16 else np.int64
+        probes = _PROBES[num_perm] = np.ascontiguousarray(_probes(num_perm).T.astype(narrow))
+    out = np.empty((len(offsets) - 1, num_perm), dtype=np.uint32)
+    sign_one_permutation(data, np.asarray(offsets, dtype=np.int64), ngram, probes, out)
+    return out
 
 
 def signatures(texts: Sequence[str], *, ngram: int, num_perm: int) -> np.ndarray:
@@ -163,30 +158,15 @@ def signatures(texts: Sequence[str], *, ngram: int, num_perm: int) -> np.ndarray
     begin = 0
     while begin < len(texts):
         end, size = begin, 0
-        # A batch's (document, bin) cells must fit the sort key's high 32 bits.
-        while end < len(texts) and (
-            end == begin or (size < BATCH_BYTES and (end - begin + 1) * num_perm < 1 << 32)
-        ):
-            size += len(texts[end]) + 1
+        while end < len(texts) and (end == begin or size < BATCH_BYTES):
+            size += len(texts[end])
             end += 1
-        out[begin:end] = _batch(texts[begin:end], ngram, num_perm)
+        batch = [t.encode("utf-8") for t in texts[begin:end]]
+        if any(b"\n" in t for t in batch):
+            raise ValueError("a text holds a newline: normalize it first")
+        offsets = np.zeros(len(batch) + 1, dtype=np.int64)
+        np.cumsum([len(t) for t in batch], out=offsets[1:])
+        data = np.frombuffer(b"".join(batch), dtype=np.uint8)
+        out[begin:end] = sign(data, offsets, ngram=ngram, num_perm=num_perm)
         begin = end
     return out
-
-
-def _batch(texts: Sequence[str], ngram: int, num_perm: int) -> np.ndarray:
-    hashes, first_gram = ngram_hashes(texts, ngram)
-    owner = np.repeat(np.arange(len(texts), dtype=_U64), np.diff(np.append(first_gram, len(hashes))))
-    # The bin from the high 32 bits (scaled, not masked: any num_perm), the value the low 32.
-    bins = ((hashes >> _U64(32)) * _U64(num_perm)) >> _U64(32)
-    values = hashes & _U64(0xFFFFFFFF)
-    # Sorting (document, bin, value) as one key puts each bin's minimum first.
-    keys = np.sort((((owner * _U64(num_perm)) + bins) << _U64(32)) | values)
-    cell = keys >> _U64(32)
-    first = np.flatnonzero(np.concatenate(([True], cell[1:] != cell[:-1])))
-    sig = np.zeros((len(texts), num_perm), dtype=np.uint32)
-    empty = np.ones((len(texts), num_perm), dtype=bool)
-    flat = cell[first].astype(np.int64)
-    sig.reshape(-1)[flat] = (keys[first] & _U64(0xFFFFFFFF)).astype(np.uint32)
-    empty.reshape(-1)[flat] = False
-    return _densify(sig, empty) if empty.any() else sig

@@ -9,12 +9,14 @@ records and nothing else. Every error names the file and the line (or row).
 
 from __future__ import annotations
 
+import functools
 import io
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import fsspec
+import msgspec
 
 from steps.files import write_file
 
@@ -58,12 +60,7 @@ def shard_texts(path: str, text_field: str) -> Iterator[str]:
     if base.endswith(".parquet"):
         yield from _parquet_texts(path, text_field)
         return
-    for number, record in _json_lines(path):
-        text = record.get(text_field) if isinstance(record, dict) else None
-        if not isinstance(text, str):
-            found = sorted(record) if isinstance(record, dict) else type(record).__name__
-            raise ShardError(f"{path} line {number}: no text field {text_field!r} (found: {found})")
-        yield text
+    yield from _json_texts(path, text_field)
 
 
 def shard_records(path: str) -> Iterator[Any]:
@@ -79,6 +76,63 @@ def shard_records(path: str) -> Iterator[Any]:
         yield record
 
 
+def _json_texts(path: str, text_field: str) -> Iterator[str]:
+    """The text of every non-empty line of a jsonl shard: what `_json_lines` gives, read faster.
+
+    A line is decoded by msgspec into a struct of the one field, skipping the others without
+    making Python objects of them (about three times `json.loads` on short records). A line it
+    does not take (not an object, no such text field, JSON that only `json.loads` reads, such as
+    NaN, or an error to report) and a line holding a carriage return (text mode, which line
+    numbers count in, splits there) go the way `_json_lines` reads them, with the same result or
+    the same error."""
+    base, compression = split_compression(path)
+    if not base.endswith(JSON_SUFFIXES):
+        raise ShardError(f"{path}: unknown format; use .jsonl or .parquet (optionally .gz or .zst)")
+    decode = _text_decoder(text_field)
+    number = 0
+    with fsspec.open(path, "rb", compression=compression) as raw:
+        for line in raw:
+            if b"\r" in line:
+                lines = list(io.StringIO(line.decode("utf-8"), newline=None))
+            else:
+                if line.isspace():
+                    number += 1
+                    continue
+                try:
+                    text = decode(line).text
+                except msgspec.DecodeError:  # ValidationError included
+                    lines = [line.decode("utf-8")]
+                else:
+                    number += 1
+                    yield text
+                    continue
+            for text_line in lines:
+                number += 1
+                if text_line.strip():
+                    yield _record_text(path, number, _json_record(path, number, text_line), text_field)
+
+
+@functools.cache
+def _text_decoder(text_field: str) -> Callable[[bytes], Any]:
+    record = msgspec.defstruct("Record", [("text", str)], rename={"text": text_field})
+    return msgspec.json.Decoder(record).decode
+
+
+def _record_text(path: str, number: int, record: Any, text_field: str) -> str:
+    text = record.get(text_field) if isinstance(record, dict) else None
+    if not isinstance(text, str):
+        found = sorted(record) if isinstance(record, dict) else type(record).__name__
+        raise ShardError(f"{path} line {number}: no text field {text_field!r} (found: {found})")
+    return text
+
+
+def _json_record(path: str, number: int, line: str) -> Any:
+    try:
+        return json.loads(line)
+    except ValueError as e:
+        raise ShardError(f"{path} line {number}: malformed JSON ({e})") from e
+
+
 def _json_lines(path: str) -> Iterator[tuple[int, Any]]:
     """(line number, record) of every non-empty line of a jsonl shard."""
     base, compression = split_compression(path)
@@ -87,10 +141,7 @@ def _json_lines(path: str) -> Iterator[tuple[int, Any]]:
     with fsspec.open(path, "rb", compression=compression) as raw:
         for number, line in enumerate(io.TextIOWrapper(raw, encoding="utf-8"), 1):
             if line.strip():
-                try:
-                    yield number, json.loads(line)
-                except ValueError as e:
-                    raise ShardError(f"{path} line {number}: malformed JSON ({e})") from e
+                yield number, _json_record(path, number, line)
 
 
 def _parquet_texts(path: str, text_field: str) -> Iterator[str]:

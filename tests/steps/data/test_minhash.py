@@ -1,4 +1,5 @@
-"""One-permutation MinHash in numpy (`steps.data.minhash`): its n-grams, its estimates, its batches."""
+"""One-permutation MinHash (`steps.data.minhash`): its n-grams, its estimates, its batches, and
+the compiled pass against the numpy definition it replaced."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import numpy as np
 import pytest
 
 from steps.data import minhash
-from steps.data.minhash import ngram_hashes, signatures
+from steps.data.minhash import _probes, ngram_hashes, sign, signatures
+from steps.data.normalized import normalized_bytes
 
 
 def grams(text: str, n: int = 5) -> set[str]:
@@ -84,3 +86,65 @@ def test_any_number_of_bins_and_batches_of_any_size_give_the_same_rows(monkeypat
     monkeypatch.setattr(minhash, "BATCH_BYTES", 200)  # a batch of one to a few texts
     assert (signatures(texts, ngram=3, num_perm=num_perm) == whole).all()
     assert (signatures(texts[::-1], ngram=3, num_perm=num_perm) == whole[::-1]).all()
+
+
+def reference_signatures(texts: list[str], ngram: int, num_perm: int) -> np.ndarray:
+    """The one-permutation signatures as the numpy pass computed them before the compiled one
+    (`ngram_hashes`, one sort of (document, bin, value) keys, densification by rounds of probes):
+    an independent definition of the same values."""
+    u64 = np.uint64
+    hashes, first_gram = ngram_hashes(texts, ngram)
+    owner = np.repeat(np.arange(len(texts), dtype=u64), np.diff(np.append(first_gram, len(hashes))))
+    bins = ((hashes >> u64(32)) * u64(num_perm)) >> u64(32)
+    keys = np.sort((((owner * u64(num_perm)) + bins) << u64(32)) | (hashes & u64(0xFFFFFFFF)))
+    cell = keys >> u64(32)
+    first = np.flatnonzero(np.concatenate(([True], cell[1:] != cell[:-1])))
+    sig = np.zeros((len(texts), num_perm), dtype=np.uint32)
+    empty = np.ones((len(texts), num_perm), dtype=bool)
+    flat = cell[first].astype(np.int64)
+    sig.reshape(-1)[flat] = (keys[first] & u64(0xFFFFFFFF)).astype(np.uint32)
+    empty.reshape(-1)[flat] = False
+    probes = _probes(num_perm)
+    out = sig.copy()
+    for d, k in zip(*np.nonzero(empty), strict=True):
+        filled = ~empty[d][probes[k]]
+        out[d, k] = sig[d, probes[k][np.argmax(filled)] if filled.any() else np.argmax(~empty[d])]
+    return out
+
+
+def random_texts(seed: int, count: int) -> list[str]:
+    """Normalized texts of 0 to 400 words: short words that repeat, and some beyond ASCII."""
+    rng = random.Random(seed)
+    words = ["a", "bb", "ccc", "dé", "ψυχή", "日本語", "x" * 40, "🙂", "0", "z"] + [str(i) for i in range(40)]
+    return [
+        " ".join(rng.choice(words) for _ in range(rng.choice([0, 1, 2, 4, 5, 6, 30, 400])))
+        for _ in range(150)
+    ]
+
+
+@pytest.mark.parametrize(("ngram", "num_perm"), [(5, 128), (1, 2), (3, 100), (5, 256), (13, 64)])
+def test_the_compiled_pass_signs_exactly_as_the_numpy_definition(ngram, num_perm):
+    """The compiled pass is not a new signature: bit for bit the values the numpy pass gave, so
+    steps signed before and after it compare, and remove the same documents."""
+    texts = random_texts(ngram * 1000 + num_perm, 150)
+    assert (
+        signatures(texts, ngram=ngram, num_perm=num_perm) == reference_signatures(texts, ngram, num_perm)
+    ).all()
+    data, offsets = normalized_bytes(texts)  # already normalized: the same bytes
+    assert (
+        sign(data, offsets, ngram=ngram, num_perm=num_perm)
+        == signatures(texts, ngram=ngram, num_perm=num_perm)
+    ).all()
+
+
+# Computed by the numpy pass before the compiled one replaced it.
+PINNED_LONG = [1167145498, 2964040420, 2964040420, 1167145498]
+PINNED_SHORT = [3343043291] * 4
+
+
+def test_signatures_are_pinned():
+    """A change to any hash, bin or probe shows here, not as a silent change of what is removed."""
+    sig = signatures(["the quick brown fox jumps over the lazy dog", "x"], ngram=5, num_perm=128)
+    assert sig[0, :4].tolist() == PINNED_LONG and sig[1, :4].tolist() == PINNED_SHORT
+    with pytest.raises(ValueError, match="newline"):
+        signatures(["a\nb"], ngram=5, num_perm=128)
