@@ -39,8 +39,8 @@ import numpy as np
 __all__ = ["BATCH_BYTES", "mix", "ngram_hashes", "sign", "signatures"]
 
 BATCH_BYTES = 4 << 20
-"""Text signed at once. (`ngram_hashes`'s prefix sums take about 40 bytes per byte of text,
-160 MiB a batch; the compiled pass that `sign` runs, a byte buffer and a word per word.)"""
+"""Text signed at once. The compiled pass (`sign`) holds the batch's bytes and 8 bytes per word
+of its longest document; `ngram_hashes`'s prefix sums take about 40 bytes per byte of text."""
 
 _U64 = np.uint64
 WORD_BASE = _U64(0x100000001B3)  # FNV's 64-bit prime: odd, so it has an inverse mod 2^64
