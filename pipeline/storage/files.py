@@ -130,9 +130,12 @@ class Storage:
         return self._retrying("list", path, once)
 
     def read_consistent(self, path: str) -> bytes | None:
-        """`read`, never seeing a write of `update` half-done. Object stores replace an object
-        whole, so this is `read`; local disk reads under the lock `update` writes under."""
-        return self.read(path)
+        """`read`, never seeing a write of `update` half-done: here, under the process lock
+        `update` writes under, since a filesystem may write a file by truncating it first (a
+        commit that read `.lease` mid-renewal took the lease for lost). Object stores replace an
+        object whole (`ConditionalStorage` reads plainly); local disk reads under `flock`."""
+        with self._lock:
+            return self.read(path)
 
     def read_tail(self, path: str, size: int) -> bytes | None:
         """The last `size` bytes of `path` (all of it if shorter), or None if it does not exist."""
@@ -254,6 +257,10 @@ class ConditionalStorage(Storage):
         super().__init__(fs, retry=retry, sleep=sleep, uniform=uniform)
         self.objects = objects
         self.contention = contention
+
+    def read_consistent(self, path: str) -> bytes | None:
+        # An object is replaced whole, and `update` here takes no process lock to wait for.
+        return self.read(path)
 
     def _write_once(self, path: str, data: bytes) -> None:
         # No makedirs: object stores have no directories, and s3fs would create a missing bucket.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import time
 import uuid
 
 import pytest
@@ -268,3 +269,48 @@ def test_a_lease_read_while_its_heartbeat_rewrites_it_is_never_empty(tmp_path):
         stop.set()
         thread.join()
     assert all(lease is not None and lease.held_by(me, token) for lease in seen)
+
+
+def test_a_store_that_rewrites_files_in_place_never_shows_a_commit_a_lease_half_written(tmp_path):
+    """The same race on `Storage` (process-local locking) over a filesystem that truncates a file
+    before writing it: a commit reading `.lease` mid-renewal found it empty and threw its own
+    result away (tests/faults/test_outage.py, one run in ~30). Here each renewal stops half-way
+    until the read has been made, so the read sees the half-written file unless it waits."""
+    import threading
+
+    from fsspec.implementations.local import LocalFileSystem
+
+    from pipeline.storage.files import Storage
+
+    halfway, read_made = threading.Event(), threading.Event()
+
+    class InPlace(LocalFileSystem):
+        """Writes a file as plain `open(path, "wb")` does: emptied first, then filled."""
+
+        slow = False
+
+        def pipe_file(self, path, value, mode="overwrite", **kwargs):
+            with open(self._strip_protocol(path), "wb") as f:
+                f.write(value[: len(value) // 2])
+                f.flush()
+                if self.slow:
+                    halfway.set()
+                    read_made.wait(timeout=0.5)  # a read that waits for the lock waits this out
+                f.write(value[len(value) // 2 :])
+
+    fs = InPlace(skip_instance_cache=True)
+    store = StepStore(Storage(fs))
+    step_dir = str(tmp_path / "step")
+    me = current_owner()
+    token = store.acquire(step_dir, me, 60).token
+    fs.slow = True
+    renewal = threading.Thread(target=store.renew, args=(step_dir, me, token, 120))
+    renewal.start()
+    assert halfway.wait(timeout=10)
+    try:
+        lease = store.lease(step_dir)
+    finally:
+        read_made.set()
+        renewal.join()
+    assert lease is not None and lease.held_by(me, token)
+    assert lease.expires > time.time() + 100  # it waited for the renewal, and read it whole
