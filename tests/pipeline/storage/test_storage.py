@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import threading
 import time
 import uuid
 
@@ -14,7 +15,7 @@ from pipeline.core.lease import LeaseRecord, Owner
 from pipeline.core.records import Event, parse_status
 from pipeline.errors import StorageError
 from pipeline.processes import current_owner
-from pipeline.storage.files import LocalStorage
+from pipeline.storage.files import LocalStorage, Storage
 from pipeline.storage.opening import open_storage
 from pipeline.storage.step_store import Acquired, AlreadyDone, Held, StepStore
 
@@ -247,8 +248,6 @@ def test_lease_record_parse_tolerates_garbage():
 def test_a_lease_read_while_its_heartbeat_rewrites_it_is_never_empty(tmp_path):
     """Issue 19: the commit read `.lease` without the lock while the heartbeat rewrote it in place
     (truncate, then write); reading the empty file, a lone run discarded its own result."""
-    import threading
-
     store = StepStore(LocalStorage())
     step_dir = str(tmp_path / "step")
     me = current_owner()
@@ -274,13 +273,10 @@ def test_a_lease_read_while_its_heartbeat_rewrites_it_is_never_empty(tmp_path):
 def test_a_store_that_rewrites_files_in_place_never_shows_a_commit_a_lease_half_written(tmp_path):
     """The same race on `Storage` (process-local locking) over a filesystem that truncates a file
     before writing it: a commit reading `.lease` mid-renewal found it empty and threw its own
-    result away (tests/faults/test_outage.py, one run in ~30). Here each renewal stops half-way
-    until the read has been made, so the read sees the half-written file unless it waits."""
-    import threading
-
+    result away (tests/faults/test_outage.py, one run in ~30). Here the renewal stops half-way
+    until the read has been made (half a second at most), so the read sees the half-written file
+    unless it waits."""
     from fsspec.implementations.local import LocalFileSystem
-
-    from pipeline.storage.files import Storage
 
     halfway, read_made = threading.Event(), threading.Event()
 
