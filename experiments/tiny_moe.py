@@ -14,6 +14,10 @@ evaluate it.
                                             the right sum, the true next sentence; chance 1/4
 
 Runs on a laptop CPU in a few minutes (`make run`); a second run finds everything cached.
+
+`DRYDOCK_TINY_HOSTS=2` declares the training as a gang of two hosts (one JAX process each, every
+option on its defaults); resources are not part of an identity, so it is the same training, and
+on a cluster (docs/cluster.md) it trains the same model across two hosts.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ TOKENIZER = "data/tokenizer"
 BATCH_SIZE = 8
 SEQ_LEN = 128
 NUM_STEPS = 320
+HOSTS = int(os.environ.get("DRYDOCK_TINY_HOSTS", "1"))
 
 
 DOMAINS = ("prose", "arithmetic")
@@ -90,7 +95,7 @@ train = train_moe_step(
     num_steps=NUM_STEPS,
     checkpoint_interval=100,
     eval_interval=80,
-    resources=Resources(cpus=1),
+    resources=Resources(cpus=1, hosts=HOSTS),
 )
 
 evaluation = evaluate_step(

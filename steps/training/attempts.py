@@ -19,7 +19,7 @@ import fsspec
 
 from pipeline.steplib import step_events
 from steps.files import local_path, read_text
-from steps.training.checkpoints import latest_checkpoint
+from steps.training.checkpoints import checkpoint_at, latest_checkpoint
 from steps.training.config import TrainMoeConfig, summarize
 from steps.training.gang_sync import barrier, exchange
 from steps.training.levanter_config import hub_offline, levanter_train_config
@@ -99,24 +99,27 @@ def train_attempts(
             barrier(f"drydock-rewind-{len(rewinds) + 1}")
             rewinds = read_rewinds(read_text(rewinds_path), rewinds_path)
             fresh_tensorstore_cache()  # the same steps are saved again at the same paths
+    # The final checkpoint, as the leader found it: every process of a gang exports the same one.
+    final_step = _shared_step(latest_step(checkpoints)[1])
+    final = None if final_step is None else checkpoint_at(checkpoints, final_step)
+    exported = None
+    if config.hf_export and config.model.family == "drydock_moe" and final is not None:
+        from steps.training.drydock_moe_export import export_checkpoint
+
+        # No Hugging Face architecture has this model: safetensors and a config.json instead. In a
+        # gang every process loads its shards and takes part in gathering them; the leader writes.
+        exported = export_checkpoint(
+            out,
+            final,
+            config.model,
+            vocab,
+            os.path.join(out, "export", f"step-{final_step}"),
+            leader=gang.leader,
+        )
     if not gang.leader:
         return {"process": gang.index}
     if local_path(out) is not None:  # rewinds set checkpoints aside only for this process
         shutil.rmtree(os.path.join(out, REWOUND_DIR), ignore_errors=True)
-    final, final_step = latest_step(checkpoints)
-    exported = None
-    if (
-        config.hf_export
-        and config.model.family == "drydock_moe"
-        and final is not None
-        and not gang.distributed
-    ):
-        from steps.training.drydock_moe_export import export_checkpoint
-
-        # No Hugging Face architecture has this model: safetensors and a config.json instead.
-        exported = export_checkpoint(
-            out, final, config.model, vocab, os.path.join(out, "export", f"step-{final_step}")
-        )
     result = {
         **summarize(config, vocab),
         "resumed_from_step": first_resumed_from,
@@ -182,6 +185,7 @@ def _train_attempt(
         rewinds=rewinds,
         prediction=prediction,
         initialize_from=branch if resumed_from is None else None,
+        leader=leader,
     )
     uploader = None
     if scratch is not None and leader:

@@ -65,9 +65,16 @@ EXPORT_FORMAT = "drydock_moe/1"
 
 
 def export_checkpoint(
-    train: str, checkpoint: str, spec: MoeModelConfig, vocab_size: int, directory: str
+    train: str,
+    checkpoint: str,
+    spec: MoeModelConfig,
+    vocab_size: int,
+    directory: str,
+    *,
+    leader: bool = True,
 ) -> str:
-    """Export the model of `checkpoint` (of training output `train`) into `directory`."""
+    """Export the model of `checkpoint` (of training output `train`) into `directory`. In a gang,
+    every process calls it (loading and gathering the shards are collectives); the `leader` writes."""
     from levanter.trainer import TrainerConfig
 
     from steps.training.checkpoints import load_inference_model
@@ -76,11 +83,13 @@ def export_checkpoint(
     params = trainer.parameter_axis_mapping
     with hax.partitioning.set_mesh(trainer.device_mesh), hax.axis_mapping(params):
         model = load_inference_model(train, checkpoint, vocab_size, params)
-        export_model(model, spec, directory)
+        export_model(model, spec, directory, leader=leader)
     return directory
 
 
-def export_model(model: DrydockMoeLMHeadModel, spec: MoeModelConfig, directory: str) -> None:
+def export_model(
+    model: DrydockMoeLMHeadModel, spec: MoeModelConfig, directory: str, *, leader: bool = True
+) -> None:
     """Write `model.safetensors` (one tensor per named weight, Hugging Face-style names, layers
     flattened: `model.groups.3.local.1.self_attn.q_proj.weight`) and `config.json` (the
     architecture, the format and how to load it) into `directory`."""
@@ -89,8 +98,13 @@ def export_model(model: DrydockMoeLMHeadModel, spec: MoeModelConfig, directory: 
     from steps.files import write_file
 
     vocab_size = model.Vocab.size
-    os.makedirs(directory, exist_ok=True)
+    if leader:
+        os.makedirs(directory, exist_ok=True)
+    # Both collectives across a gang's processes: the gather, and save_state_dict's barrier after
+    # process 0 writes.
     save_state_dict(to_torch_compatible_state_dict(model), os.path.join(directory, "model.safetensors"))
+    if not leader:
+        return
     total, active = counted_parameters(spec, vocab_size)
     config = {
         "format": EXPORT_FORMAT,

@@ -59,22 +59,30 @@ class Accelerator:
     """Bytes of device memory (HBM) one device has."""
     peak_flops: float
     """Dense bf16 FLOP/s of one device (what MFU is measured against)."""
+    hbm_bandwidth: float
+    """HBM bytes per second."""
+    ici_bandwidth: float
+    """Bytes per second one way over all the device's chip-to-chip links (ICI; NVLink)."""
+    dcn_bandwidth: float
+    """Bytes per second per device over the data-centre network (between slices or racks)."""
 
 
-# Published figures: memory per device and dense (not sparse) bf16 peak. A TPU device is a chip
-# (v4 and v5p chips are one JAX device each: their two cores work as one).
+# Published figures (Cloud TPU's system architecture pages; NVIDIA's datasheets): memory per
+# device, dense (not sparse) bf16 peak, HBM bandwidth, inter-chip bandwidth one way (v5p: 4,800
+# Gbps per chip; H100 NVLink: 900 GB/s both ways), and a data-centre network share per device. A
+# TPU device is a chip (v4 and v5p chips are one JAX device each: their two cores work as one).
 ACCELERATORS: dict[str, Accelerator] = {
     a.name: a
     for a in (
-        Accelerator("v4", 32 * GIB, 275e12),
-        Accelerator("v5e", 16 * GIB, 197e12),
-        Accelerator("v5p", 95 * GIB, 459e12),
-        Accelerator("v6e", 32 * GIB, 918e12),
-        Accelerator("A100", 80e9, 312e12),
-        Accelerator("H100", 80e9, 989e12),
-        Accelerator("H200", 141e9, 989e12),
-        Accelerator("B200", 180e9, 2250e12),
-        Accelerator("GB200", 186e9, 2500e12),
+        Accelerator("v4", 32 * GIB, 275e12, 1.2e12, 300e9, 6.25e9),
+        Accelerator("v5e", 16 * GIB, 197e12, 819e9, 200e9, 6.25e9),
+        Accelerator("v5p", 95 * GIB, 459e12, 2765e9, 600e9, 6.25e9),
+        Accelerator("v6e", 32 * GIB, 918e12, 1640e9, 448e9, 12.5e9),
+        Accelerator("A100", 80e9, 312e12, 2.0e12, 300e9, 25e9),
+        Accelerator("H100", 80e9, 989e12, 3.35e12, 450e9, 50e9),
+        Accelerator("H200", 141e9, 989e12, 4.8e12, 450e9, 50e9),
+        Accelerator("B200", 180e9, 2250e12, 8e12, 900e9, 50e9),
+        Accelerator("GB200", 186e9, 2500e12, 8e12, 900e9, 50e9),
     )
 }
 _TPU_NAMES = {"v4": "v4", "v5p": "v5p", "v5litepod": "v5e", "v6e": "v6e"}
@@ -89,6 +97,8 @@ class Hardware:
     """Devices of the whole training (every host's); None when not known (CPU hosts)."""
     mfu: float = 0.4
     """Model FLOP utilization assumed for the time estimate."""
+    slices: int = 1
+    """TPU slices (multislice): `devices` counts the chips of all of them."""
 
     @property
     def spec(self) -> Accelerator | None:
@@ -104,7 +114,8 @@ def hardware_of(resources: Any, mfu: float = 0.4) -> Hardware:
         return Hardware(mfu=mfu)
     if resources.tpu:
         spec = tpu_slice(resources.tpu)
-        return Hardware(_TPU_NAMES.get(spec.generation, spec.generation), spec.chips * resources.slices, mfu)
+        generation = _TPU_NAMES.get(spec.generation, spec.generation)
+        return Hardware(generation, spec.chips * resources.slices, mfu, slices=resources.slices)
     if resources.gpus:
         devices = int(resources.gpus) * resources.hosts if float(resources.gpus).is_integer() else None
         return Hardware(resources.accelerator, devices, mfu)
@@ -196,6 +207,7 @@ def layout_problems(
         num_heads=model.num_heads,
         num_kv_heads=model.num_kv_heads,
         intermediate=model.expert_intermediate_dim,
+        num_global_kv_heads=model.num_global_kv_heads,
     )
     spec = hardware.spec
     if problems or vocab is None or spec is None or not hardware.devices:

@@ -98,6 +98,7 @@ def levanter_train_config(
     rewinds: list[Rewind] | None = None,
     prediction: str | None = None,
     initialize_from: str | None = None,
+    leader: bool = True,
 ) -> Any:
     """The `TrainLmConfig` that train_moe hands to Levanter's `train_lm.main` for `config`.
 
@@ -105,6 +106,7 @@ def levanter_train_config(
     log goes (default: `metrics.jsonl` and `logs/` in the output, which must then be local).
     `rewinds` (the run's so far) skip their data batches and scale the learning rate.
     `initialize_from` is the trunk's checkpoint a branch starts from while it has none of its own.
+    The `leader` (process 0 of a gang) records the layout the training runs with (`layout.json`).
     """
     import dataclasses
     import json
@@ -115,13 +117,15 @@ def levanter_train_config(
     from levanter.distributed import DistributedConfig
     from levanter.main.train_lm import TrainLmConfig
     from levanter.trainer import TrainerConfig
+    from levanter.utils.mesh import MeshConfig
 
     from steps.files import local_path
     from steps.training.checkpointer import MetricsCheckpointerConfig
+    from steps.training.layout import LAYOUT_FILE
     from steps.training.rewinds import scale_learning_rate, shift_schedule, skip_batches
-    from steps.training.router_stats import RouterStatsWatchConfig
     from steps.training.spikes import skipped_ranges
     from steps.training.tracker import JsonlTrackerConfig
+    from steps.training.watch import DrydockWatchConfig
 
     out = config.output
     if local_path(out) is None and (metrics_path is None or log_dir is None):
@@ -143,14 +147,16 @@ def levanter_train_config(
         from levanter.tracker.wandb import WandbConfig
 
         trackers.append(WandbConfig(project=config.wandb_project))
-    watch: Any = WatchConfig()
-    if config.router_stats_interval > 0:
-        watch = RouterStatsWatchConfig(
-            interval=config.router_stats_interval,
-            data_config=data,
-            seq_len=config.seq_len,
-            batch_size=config.batch_size,
-        )
+    mesh = config.mesh.to_levanter() if config.mesh is not None else MeshConfig()
+    watch = DrydockWatchConfig(
+        interval=config.router_stats_interval or WatchConfig.interval,
+        data_config=data,
+        seq_len=config.seq_len,
+        batch_size=config.batch_size,
+        compute_mapping=mesh.resolved_compute_mapping,
+        router_stats=config.router_stats_interval > 0,
+        layout_path=os.path.join(out, LAYOUT_FILE) if leader else None,
+    )
     rewinds = rewinds or []
     data = skip_batches(data, skipped_ranges(rewinds), config.batch_size)
     optimizer = levanter_optimizer(config.optimizer, config.stability, config.spike_policy)
@@ -180,7 +186,7 @@ def levanter_train_config(
             log_jaxprs=False,
             log_xla_hlo=False,
             initialize_from=initialize_from,
-            **({"mesh": config.mesh.to_levanter()} if config.mesh is not None else {}),
+            mesh=mesh,
             mp=jmp.get_policy("p=f32,c=bfloat16" if config.precision == "bf16" else "f32"),
             # A gang joined its process group before anything else (steps.training.gang_sync.join_gang);
             # a later attempt in the same process (after a rewind) must not join again.

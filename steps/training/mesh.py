@@ -68,6 +68,7 @@ class MeshSpec:
         num_heads: int,
         num_kv_heads: int,
         intermediate: int,
+        num_global_kv_heads: int | None = None,
     ) -> list[tuple[str, str]]:
         """What cannot work, as (field, message) pairs: axes that are not whole numbers >= 1
         (data may be -1), a product that is not the device count, a batch, experts or heads that
@@ -95,7 +96,10 @@ class MeshSpec:
             out.append(
                 ("mesh.expert", f"{num_experts} experts do not split over an expert axis of {self.expert}")
             )
-        for what, count in (("heads", num_heads), ("KV heads", num_kv_heads), ("expert width", intermediate)):
+        counts = [("heads", num_heads), ("KV heads", num_kv_heads), ("expert width", intermediate)]
+        if num_global_kv_heads is not None:
+            counts.append(("global layers' KV heads", num_global_kv_heads))
+        for what, count in counts:
             if count % self.tensor:
                 out.append(
                     ("mesh.tensor", f"{count} {what} do not split over a tensor axis of {self.tensor}")
@@ -113,6 +117,11 @@ class MeshSpec:
         batch = ["replica_dcn", "replica", "data"]
         shared: dict[str, Any] = {}
         params: dict[str, Any] = {"embed": "data"}
+        if self.tensor > 1:
+            # Levanter maps `heads` and `mlp` to `model`, but its attention projections are shaped
+            # by `kv_head` (x `q_heads_per_group`): without this, only the output projection of
+            # attention would be split over the tensor axis (seen in layout.json).
+            shared["kv_head"] = "model"
         if self.expert > 1:
             axes["expert"] = self.expert
             batch.append("expert")

@@ -1,21 +1,18 @@
-"""Router statistics for every MoE family: expert loads and the max-load ratio, as a Levanter
-`WatchConfig` that train_moe adds to its trainer."""
+"""Router statistics for every MoE family: expert loads and the max-load ratio (logged by
+`steps.training.watch` every `router_stats_interval` steps)."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any
 
 import haliax as hax
 import jax
 import jax.numpy as jnp
-import levanter.tracker
-from levanter.callbacks.watch import WatchCallback, WatchConfig
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RouterStatsCallback", "RouterStatsWatchConfig", "router_stats"]
+__all__ = ["router_stats"]
 
 
 def _loads(router_logits: Any, token: Any, experts: Any, k: int) -> jax.Array:
@@ -71,69 +68,3 @@ def router_stats(model: Any, tokens: Any, attn_mask: Any) -> dict[str, jax.Array
     out["router/max_load_ratio"] = jnp.max(jnp.stack(ratios))
     out["router/mean_max_load_ratio"] = jnp.mean(jnp.stack(ratios))
     return out
-
-
-class RouterStatsCallback(WatchCallback):
-    """Levanter's watch callback (gradient and parameter norms) plus `router_stats` on a fixed batch."""
-
-    def __init__(self, data_config: Any, seq_len: int, batch_size: int, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._data_config = data_config
-        self._seq_len = seq_len
-        self._batch_size = batch_size
-        self._batch: Any = None
-
-    def _probe_batch(self, model: Any) -> Any:
-        if self._batch is None:
-            from levanter.data import DataLoader
-            from levanter.utils.mesh import MeshConfig
-
-            pos = model.config.max_Pos.resize(self._seq_len)
-            sets = self._data_config.validation_sets(pos)
-            dataset = next(iter(sets.values())) if sets else None
-            if dataset is None:
-                from levanter.schedule import BatchSchedule
-
-                dataset = self._data_config.train_set(
-                    pos, BatchSchedule(self._batch_size), key=jax.random.PRNGKey(0)
-                )
-            # Hooks run under the parameter mapping; the loader needs the compute mapping.
-            loader = DataLoader(
-                dataset,
-                batch_size=self._batch_size,
-                mesh=hax.partitioning._get_mesh(),
-                axis_resources=MeshConfig().resolved_compute_mapping,
-            )
-            self._batch = next(iter(loader))
-        return self._batch
-
-    def on_step(self, step_info: Any, cb_info: Any) -> None:
-        super().on_step(step_info, cb_info)
-        model = step_info.eval_model
-        batch = self._probe_batch(model)
-        stats = router_stats(model, batch.tokens, batch.attn_mask)
-        levanter.tracker.log(jax.device_get(stats), step=int(step_info.step))
-
-
-@dataclasses.dataclass(frozen=True)
-class RouterStatsWatchConfig(WatchConfig):
-    """`TrainerConfig.watch` that also logs router statistics every `interval` steps."""
-
-    data_config: Any = None
-    seq_len: int = 128
-    batch_size: int = 8
-
-    def build(self) -> RouterStatsCallback:
-        return RouterStatsCallback(
-            self.data_config,
-            self.seq_len,
-            self.batch_size,
-            watch_targets=self.watch_targets,
-            include_norms=self.include_norms,
-            include_per_parameter_norms=self.include_per_parameter_norms,
-            include_histogram=self.include_histograms,
-            split_scan_layers=self.split_scan_layers,
-        )
-
-
-# -- rewinds: skipped data batches and a lowered learning rate --------------------------------------
