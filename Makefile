@@ -3,6 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TPU_STAMP := $(VENV)/.installed-tpu
 EXPERIMENT ?= experiments/tiny_moe.py
 PYTEST_ARGS ?=
 
@@ -18,7 +19,8 @@ $(STAMP): requirements.lock pyproject.toml
 run: $(STAMP)
 	$(BIN)/python $(EXPERIMENT)
 
-test: $(STAMP) lint
+# The suite compiles for TPU slices on this CPU host (tests/steps/training/test_compile.py): libtpu too.
+test: $(STAMP) $(TPU_STAMP) lint
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
@@ -37,8 +39,11 @@ bench: $(STAMP)
 install-cuda: $(STAMP)
 	$(BIN)/pip install --quiet --disable-pip-version-check --require-hashes --no-deps -r requirements-cuda.lock
 
-install-tpu: $(STAMP)
+install-tpu: $(TPU_STAMP)
+
+$(TPU_STAMP): $(STAMP) requirements-tpu.lock
 	$(BIN)/pip install --quiet --disable-pip-version-check --require-hashes --no-deps -r requirements-tpu.lock
+	touch $(TPU_STAMP)
 
 # Re-resolve requirements.in into requirements.lock (needs network access to PyPI).
 lock: $(STAMP)

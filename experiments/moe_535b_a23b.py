@@ -217,8 +217,22 @@ OPTIMIZER = OptimizerSpec(
     min_lr_ratio=0.05,
     lr_schedule="linear",
 )
-GANG = Resources(gpus=4, hosts=176, accelerator="GB200", cpus=32, preemption_retries=1_000)
-LAYOUT = MeshSpec(data=88, expert=8)
+HARDWARE = os.environ.get("DRYDOCK_535B_HARDWARE", "gb200")
+"""Where the hero trains: "gb200", as published (704 GB200 GPUs), or "v5p", a v5p-2048 slice (1,024
+chips). Resources and the mesh are not part of an identity: both are the same training."""
+LAYOUTS = {
+    # 176 hosts of 4 GPUs; the batch over all 704, parameters FSDP over 88, experts 8 ways.
+    "gb200": (
+        Resources(gpus=4, hosts=176, accelerator="GB200", cpus=32, preemption_retries=1_000),
+        MeshSpec(data=88, expert=8),
+    ),
+    # One v5p-2048 slice (256 hosts of 4 chips): the batch over all 1,024 chips (11 sequences each),
+    # parameters FSDP over 128, experts 8 ways (48 per chip).
+    "v5p": (Resources(tpu="v5p-2048", cpus=32, preemption_retries=1_000), MeshSpec(data=128, expert=8)),
+}
+if HARDWARE not in LAYOUTS:
+    raise SystemExit(f"DRYDOCK_535B_HARDWARE={HARDWARE!r}: use one of {', '.join(LAYOUTS)}")
+GANG, LAYOUT = LAYOUTS[HARDWARE]
 
 # -- the scaling ladder: the prediction the run is watched against --------------------------------
 

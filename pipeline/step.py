@@ -313,6 +313,12 @@ class StepHooks:
     """`warnings(config) -> list[str]`: what looks wrong but may be meant (a learning rate far
     outside any usual range), said by `drydock plan` and as a run starts, for the steps that will
     run; never raises, never stops anything."""
+    compile: Callable[[Any], Any] | None = None
+    """`compile(config) -> Mapping | None`: build the step's program for its declared hardware
+    without running it (a training's step, compiled ahead of time) and say what it needs (memory,
+    FLOPs, communication per device); `drydock plan --compile` shows it beside the preview. Raises
+    `ValueError("field: why")` when the program cannot fit: the plan refuses the step in one line.
+    May be slow (minutes for a large model); a step library caches what it can."""
     watchdog: HangPolicy | None = None
     """The pace the step function keeps: with a policy, the runner's watchdog watches its
     progress reports and, when they stop for longer than the policy's bound, saves every process's
@@ -337,6 +343,7 @@ def step_function(
     check: Callable[[Any], Any] | None = None,
     watchdog: HangPolicy | None = None,
     warnings: Callable[[Any], Any] | None = None,
+    compile: Callable[[Any], Any] | None = None,
 ) -> Any:
     """Declare a step function and its hooks; usable bare (`@step_function`) or with arguments.
 
@@ -346,7 +353,7 @@ def step_function(
     The function itself is returned unchanged (it stays importable under its own name); the hooks
     are read with `hooks_of`.
     """
-    hooks = StepHooks(preview, report, metrics, fresh_process, inputs, check, warnings, watchdog)
+    hooks = StepHooks(preview, report, metrics, fresh_process, inputs, check, warnings, compile, watchdog)
 
     def declare(function: F) -> F:
         setattr(function, _HOOKS_ATTRIBUTE, hooks)

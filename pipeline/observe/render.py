@@ -110,7 +110,8 @@ def format_preview(preview: str | Mapping[str, Any]) -> str:
     """A preview or report as text.
 
     A string as it is. A mapping: its tables (values that are lists of rows, see `is_table`) as
-    aligned columns, the first column left-aligned; then its other entries as `key: value` lines.
+    aligned columns, the first column left-aligned; then its other entries as `key: value` lines,
+    except nested mappings (figures for `--json` and tools, which the lines beside them say).
     The dashboard renders the same structure as HTML (`pipeline.observe.dashboard`).
     """
     if isinstance(preview, str):
@@ -119,7 +120,7 @@ def format_preview(preview: str | Mapping[str, Any]) -> str:
     for value in preview.values():
         if is_table(value):
             lines.extend(_table_lines(value))
-    plain = {k: v for k, v in preview.items() if not is_table(v)}
+    plain = {k: v for k, v in preview.items() if not is_table(v) and not isinstance(v, Mapping)}
     width = max((len(str(k)) for k in plain), default=0)
     for key, value in plain.items():
         shown = f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)

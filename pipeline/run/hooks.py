@@ -19,12 +19,20 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pipeline.core.dag import Dag, resolved_config
+from pipeline.core.dag import Dag, labels_matching, resolved_config
 from pipeline.core.plan import Plan, State
 from pipeline.core.report import RunReport
 from pipeline.step import StepHooks, hooks_of
 
-__all__ = ["call_hook", "step_previews", "step_reports", "step_summary", "step_warnings"]
+__all__ = [
+    "CompileRefused",
+    "call_hook",
+    "step_compilations",
+    "step_previews",
+    "step_reports",
+    "step_summary",
+    "step_warnings",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +41,36 @@ def step_previews(plan: Plan) -> dict[str, str | Mapping[str, Any]]:
     """Label -> preview, for the steps whose function has a `preview` with something to say."""
     labels = plan.in_state(State.RUN, State.WAIT, State.CACHED)
     return _call_each(plan.dag, labels, lambda h: h.preview, "would fail")
+
+
+class CompileRefused(Exception):
+    """A step's program cannot be built for its hardware (`StepHooks.compile` raised): one line
+    naming the step and the field."""
+
+
+def step_compilations(plan: Plan, only: str | None = None) -> dict[str, Mapping[str, Any]]:
+    """Label -> what the step's `compile` hook says, for every step in the plan that will run or
+    is cached and whose name `only` (a regex, as `--only` takes) matches: a training's upstream
+    trainings are not compiled with it unless they match too (each may take minutes). A hook's
+    `ValueError("field: why")` is a `CompileRefused` naming the step; any other failure is shown
+    as the step's compile result, not raised."""
+    out: dict[str, Mapping[str, Any]] = {}
+    selected = labels_matching(plan.dag, only) if only else None
+    for label in plan.in_state(State.RUN, State.WAIT, State.CACHED):
+        node = plan.dag.nodes[label]
+        hook = hooks_of(node.step.fn).compile
+        if hook is None or (selected is not None and label not in selected):
+            continue
+        try:
+            result = hook(resolved_config(plan.dag, label))
+        except ValueError as e:
+            field, _, why = str(e).partition(": ")
+            raise CompileRefused(f"step {node.name!r}, field {field!r}: {why or field}") from None
+        except Exception as e:  # a program that could not be built is said, not raised
+            result = {"compile failed": f"{type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}"}
+        if result:
+            out[label] = dict(result)
+    return out
 
 
 def step_warnings(plan: Plan) -> list[str]:

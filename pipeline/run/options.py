@@ -64,6 +64,10 @@ class ExecutorMainConfig:
     """Print the plan and exit without running anything."""
     json: bool = False
     """Print the plan (or the run's outcome) as JSON on stdout; logs go to stderr."""
+    compile: bool = False
+    """With the plan: build and compile each selected step that can be (a training, for its
+    declared hardware) without running it, show what the compiler says it needs, and refuse a
+    step whose program does not fit (non-zero exit)."""
     only: str | None = None
     """Regex on step names: run only matching steps and what they need."""
     force: str | None = None
@@ -150,7 +154,7 @@ def notify_url(config: ExecutorMainConfig) -> str | None:
     return config.notify or os.environ.get("DRYDOCK_NOTIFY") or None
 
 
-_BOOL_FLAGS = ("--dry_run", "--json", "--verbose")
+_BOOL_FLAGS = ("--dry_run", "--json", "--verbose", "--compile")
 
 
 def normalize_argv(argv: Sequence[str]) -> list[str]:

@@ -54,8 +54,9 @@ __all__ = ["REVISION", "TPU_GENERATIONS", "compile_layout", "tpu_topology"]
 REVISION = 1
 """Bumped when what the compile builds or reports changes: cached results from before are not reused."""
 
-TPU_GENERATIONS = {"v4": 3, "v5p": 3, "v5e": 2, "v6e": 2}
-"""TPU generations libtpu describes, and the dimensions of their torus."""
+TPU_GENERATIONS = {"v5p": 3, "v5e": 2, "v6e": 2}
+"""TPU generations compiled for, and the dimensions of their torus. Not v4: libtpu describes its
+chips as two devices each (its cores), where a v4 slice trains with one per chip (megacore)."""
 
 
 def tpu_topology(generation: str, chips: int) -> tuple[str, tuple[int, int, int]]:
@@ -96,12 +97,11 @@ def compile_layout(config: TrainMoeConfig) -> dict[str, Any]:
             "declaration, or make the data first"
         )
     spec = hardware.spec
-    if spec is not None and not hardware.accelerator.startswith("v"):
-        if not _gpus_here():
-            return {
-                "compiled": {"estimate_only": True},
-                "compiled on": f"not compiled: no {spec.name} GPU here (figures above are the estimate)",
-            }
+    if spec is not None and hardware.accelerator not in TPU_GENERATIONS and not _gpus_here():
+        return {
+            "compiled": {"estimate_only": True},
+            "compiled on": f"not compiled: no {spec.name} GPU here (the figures above are the estimate)",
+        }
     key = _cache_key(config, vocab)
     cached = _cache_path(key)
     if os.path.exists(cached):
@@ -447,9 +447,9 @@ def compile_here(config: TrainMoeConfig, vocab: int) -> dict[str, Any]:
     if spec is not None:
         if memory["peak"] > spec.memory:
             return {
-                "refused": f"needs {readable_bytes(memory['peak'])} per device (compiled for {where}), more than a "
-                f"{spec.name}'s {readable_bytes(spec.memory)}: shard more (data, tensor, expert), use more "
-                "devices, or a smaller batch"
+                "refused": f"needs {readable_bytes(memory['peak'])} per device (compiled for {where}), "
+                f"more than a {spec.name}'s {readable_bytes(spec.memory)}: shard more (data, tensor, "
+                "expert), use more devices, or a smaller batch"
             }
         moved_bytes = sum(c["bytes"] for c in moved.values())
         times = roofline(costs["flops"], costs["bytes accessed"], moved_bytes, spec, across_slices=slices > 1)

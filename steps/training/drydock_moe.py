@@ -256,7 +256,7 @@ class DrydockMoeBlock(Qwen3MoeSparseMoeBlock):
         flat_idx = hax.flatten_axes(chosen, old_axes=[token, top], new_axis="token_repeat")
         repeat = flat_idx.resolve_axis("token_repeat")
         x_sorted, group_sizes, sort_idx = self._permute(x_flat, flat_idx, repeat)
-        out_sorted = self.experts(x_sorted, group_sizes, key=k_experts)
+        out_sorted = _grouped_experts(self.experts, x_sorted, group_sizes, key=k_experts)
         out = self._unpermute(out_sorted, sort_idx, token, top).dot(weights.astype(x.dtype), axis=top)
         out = hax.unflatten_axis(out, axis=token, new_axes=squash)
         if self.shared is not None:
@@ -272,6 +272,49 @@ class DrydockMoeBlock(Qwen3MoeSparseMoeBlock):
                 jax.lax.stop_gradient(load) * mean_probs
             )
         return out, aux
+
+
+def _mesh_platform() -> str | None:
+    """The platform of the mesh the model is computed on (inside `jit` too)."""
+    from jax._src.mesh import get_concrete_mesh
+
+    for mesh in (get_concrete_mesh(), hax.partitioning._get_mesh()):
+        try:
+            return next(iter(mesh.devices.flat)).platform
+        except Exception:  # no mesh, an empty one, or an abstract one (no devices): look further
+            continue
+    return None
+
+
+def _grouped_experts(
+    experts: Qwen3MoeExperts, x: NamedArray, group_sizes: NamedArray, *, key: Any
+) -> NamedArray:
+    """The experts' grouped matmuls over the sorted tokens.
+
+    On TPUs, with an expert count that is not a power of two, the groups are padded with empty
+    ones (zero weights, no tokens) to the next power of two: libtpu 0.0.42 cannot compile the
+    ragged matmul's group sizes otherwise ("Bitcast cannot have different shape sizes of output
+    (1536) and operand (2048)" for the hero's 384 experts on v5p and v6e; 256 and 512 compile),
+    found compiling the hero with `drydock plan --compile`. An empty group adds no FLOPs and no
+    gradient (padding's transpose is a slice); the price is the padded copy of the experts'
+    weights while a layer computes (a third more for 384)."""
+    count = group_sizes.resolve_axis(experts.gate_proj.Experts.name).size
+    padded = 1 << (count - 1).bit_length()
+    if padded == count or _mesh_platform() != "tpu":
+        return experts(x, group_sizes, key=key)
+    more = padded - count
+
+    def pad(linear: hnn.MoELinear) -> hnn.MoELinear:
+        axis = linear.weight.axes.index(linear.Experts)
+        widths = [(0, more if i == axis else 0) for i in range(linear.weight.ndim)]
+        Experts = linear.Experts.resize(padded)
+        axes = tuple(Experts if a == linear.Experts else a for a in linear.weight.axes)
+        weight = hax.named(jnp.pad(linear.weight.array, widths), axes)
+        return hnn.MoELinear(weight, None, Experts, linear.In, linear.Out, use_gmm=linear.use_gmm)
+
+    wide = Qwen3MoeExperts(pad(experts.gate_proj), pad(experts.up_proj), pad(experts.down_proj), experts.act)
+    sizes = hax.named(jnp.pad(group_sizes.array, (0, more)), (group_sizes.axes[0].resize(padded),))
+    return wide(x, sizes, key=key)
 
 
 class DrydockMoeLayer(eqx.Module):

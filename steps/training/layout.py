@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["LAYOUT_FILE", "describe_layout", "sharded_over"]
+__all__ = ["LAYOUT_FILE", "describe_layout"]
 
 LAYOUT_FILE = "layout.json"
 
@@ -46,12 +46,3 @@ def _axes(entry: Any) -> list[str] | None:
     if entry is None:
         return None
     return [str(a) for a in entry] if isinstance(entry, tuple | list) else [str(entry)]
-
-
-def sharded_over(layout: dict[str, Any], key_part: str) -> dict[str, set[str]]:
-    """For the parameters whose path contains `key_part`: the mesh axes each is split over."""
-    return {
-        name: {axis for dim in (p["spec"] or []) for axis in (dim or [])}
-        for name, p in layout["parameters"].items()
-        if key_part in name
-    }

@@ -60,6 +60,7 @@ from steps.scaling.prediction import (
     start_prediction,
 )
 from steps.training.attempts import latest_step, train_attempts
+from steps.training.compile import compile_layout
 from steps.training.config import (
     OptimizerSpec,
     TrainMoeConfig,
@@ -420,6 +421,7 @@ step_function(
     report=report,
     metrics=metrics,
     warnings=plan_warnings,
+    compile=compile_layout,
     fresh_process=True,
     watchdog=TRAINING_PACE,
 )

@@ -153,6 +153,40 @@ def test_the_moe_block_equals_a_per_token_loop_over_its_chosen_and_shared_expert
     assert float(aux) == pytest.approx(SPEC.router_z_loss_coef * z, rel=1e-6) and z > 0
 
 
+def test_padding_the_expert_groups_for_tpus_changes_neither_outputs_nor_gradients(monkeypatch):
+    # 6 experts (not a power of two): on a TPU the groups are padded to 8 with empty ones, which
+    # libtpu needs for the hero's 384; here the TPU path is taken on the CPU and compared.
+    import steps.training.drydock_moe as family
+
+    block = DrydockMoeBlock.init(config(num_experts=6), key=jax.random.PRNGKey(7))
+    x = hidden(8)
+    groups: list[int] = []
+    original = family.Qwen3MoeExperts.__call__
+
+    def recording(self, inputs, group_sizes, *, key=None):
+        groups.append(group_sizes.axes[0].size)
+        return original(self, inputs, group_sizes, key=key)
+
+    monkeypatch.setattr(family.Qwen3MoeExperts, "__call__", recording)
+
+    def loss_and_grads(platform):
+        monkeypatch.setattr(family, "_mesh_platform", lambda: platform)
+
+        def loss(b):
+            out, aux = b(x)
+            return (out.array**2).mean() + aux
+
+        return eqx.filter_value_and_grad(loss)(block)
+
+    plain_loss, plain = loss_and_grads("cpu")
+    padded_loss, padded = loss_and_grads("tpu")
+    assert sorted(set(groups)) == [6, 8]  # both paths ran: 6 groups, then 8
+    assert float(padded_loss) == pytest.approx(float(plain_loss), rel=1e-6)
+    for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(padded), strict=True):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-7)
+    assert jax.tree.leaves(padded)[0].shape == jax.tree.leaves(plain)[0].shape  # 6 experts' grads
+
+
 def test_the_bias_changes_which_experts_are_chosen_but_not_the_weights_that_combine_them():
     block = DrydockMoeBlock.init(config(), key=jax.random.PRNGKey(6))
     flat = hax.flatten_axes(hidden(7), old_axes=["batch", "position"], new_axis="token")
