@@ -59,6 +59,13 @@ device), computing in bfloat16. `drydock plan` shows, offline:
     memory per device  117.2 GiB of 173.2 GiB (68%): state 13.1 GiB, activations 104.1 GiB
     time               40 days at 40% MFU
 
+Compiled for its hardware (`DRYDOCK_535B_HARDWARE=v5p drydock plan ... --compile`: one v5p-2048
+slice, `MeshSpec(data=128, expert=8)`), XLA refuses it in 74 s on a 2-core host: 27.87 TiB of
+temporaries per chip against the estimate's 80.6 GiB. The loss of this Levanter program is not
+split by the batch for a 128k vocabulary (per-chip temporaries grow with the global batch), and
+every chip gathers all 384 experts of the layer it computes (docs/training.md, "The hero on its
+hardware, compiled"): neither layout trains as declared until both are fixed.
+
 (memory: 16 bytes per parameter held, the residual stream of each of the 48 layers, one layer's
 working set, the float32 logits: `steps/training/estimates.py`; time: 6 x 22.70B active parameters x 18.0T
 tokens / (704 x 2.5 PFLOP/s x 0.4)). The published run took about three months, an MFU nearer 0.15.

@@ -31,7 +31,7 @@ from pipeline.observe.explain import plan_explanations
 from pipeline.observe.render import format_preview, plan_table, print_table, run_summary
 from pipeline.run.backends.ray_resources import follower_shortfalls
 from pipeline.run.experiment import run_experiment
-from pipeline.run.hooks import CompileRefused, step_compilations, step_previews, step_reports, step_warnings
+from pipeline.run.hooks import step_compilations, step_previews, step_reports, step_warnings
 from pipeline.run.options import parse_options, validate_options
 from pipeline.run.step_logs import QuietConsole
 from pipeline.step import Step
@@ -208,13 +208,8 @@ def _run_and_print(call: ExperimentCall) -> int:
 def _print_plan(result: Plan, config: Any) -> int:
     """Print a plan: the table (or JSON) on stdout, previews, and its warnings on stderr."""
     previews = step_previews(result)
-    if config.compile:
-        try:
-            compiled = step_compilations(result, config.only)
-        except CompileRefused as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
-        for label, figures in compiled.items():
+    if config.compile:  # a program that cannot fit is a StepDeclarationError: one line, exit 2
+        for label, figures in step_compilations(result, config.only).items():
             preview = previews.get(label)
             base = (
                 dict(preview) if isinstance(preview, Mapping) else ({"preview": preview} if preview else {})

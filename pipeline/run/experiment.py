@@ -30,7 +30,7 @@ from pipeline.run.alerts import AlertLog, Notifier
 from pipeline.run.backends import make_backend
 from pipeline.run.console import RunConsole
 from pipeline.run.executor import ExecutionOptions, Reporter, execute
-from pipeline.run.hooks import step_warnings
+from pipeline.run.hooks import step_compilations, step_warnings
 from pipeline.run.listing import input_notes
 from pipeline.run.manifest import ManifestBuilder
 from pipeline.run.options import ExecutorMainConfig, notify_url, resolve_prefix, validate_options
@@ -128,6 +128,10 @@ def run_experiment(
     dag, store, plan, digests = _prepare(steps, config)
     if config.dry_run:
         return plan
+    if config.compile:
+        # Compile before anything is reserved: a program that cannot fit its devices stops the
+        # run here, as a malformed declaration would (StepDeclarationError).
+        step_compilations(plan, config.only, states=(State.RUN,))
     # A fully cached plan runs nothing: do not start Ray (seconds) just to find that out.
     needs_backend = bool(plan.in_state(State.RUN, State.WAIT))
     backend = make_backend(config.backend if needs_backend else "local", config)

@@ -22,10 +22,10 @@ from typing import Any
 from pipeline.core.dag import Dag, labels_matching, resolved_config
 from pipeline.core.plan import Plan, State
 from pipeline.core.report import RunReport
+from pipeline.errors import StepDeclarationError
 from pipeline.step import StepHooks, hooks_of
 
 __all__ = [
-    "CompileRefused",
     "call_hook",
     "step_compilations",
     "step_previews",
@@ -43,20 +43,18 @@ def step_previews(plan: Plan) -> dict[str, str | Mapping[str, Any]]:
     return _call_each(plan.dag, labels, lambda h: h.preview, "would fail")
 
 
-class CompileRefused(Exception):
-    """A step's program cannot be built for its hardware (`StepHooks.compile` raised): one line
-    naming the step and the field."""
-
-
-def step_compilations(plan: Plan, only: str | None = None) -> dict[str, Mapping[str, Any]]:
-    """Label -> what the step's `compile` hook says, for every step in the plan that will run or
-    is cached and whose name `only` (a regex, as `--only` takes) matches: a training's upstream
+def step_compilations(
+    plan: Plan, only: str | None = None, states: tuple[State, ...] = (State.RUN, State.WAIT, State.CACHED)
+) -> dict[str, Mapping[str, Any]]:
+    """Label -> what the step's `compile` hook says, for every step of the plan in `states` whose
+    name `only` (a regex, as `--only` takes) matches: a training's upstream
     trainings are not compiled with it unless they match too (each may take minutes). A hook's
-    `ValueError("field: why")` is a `CompileRefused` naming the step; any other failure is shown
-    as the step's compile result, not raised."""
+    `ValueError("field: why")` is a `StepDeclarationError` naming the step and the field (the
+    program cannot fit: nothing is reserved for it); any other failure is shown as the step's
+    compile result, not raised."""
     out: dict[str, Mapping[str, Any]] = {}
     selected = labels_matching(plan.dag, only) if only else None
-    for label in plan.in_state(State.RUN, State.WAIT, State.CACHED):
+    for label in plan.in_state(*states):
         node = plan.dag.nodes[label]
         hook = hooks_of(node.step.fn).compile
         if hook is None or (selected is not None and label not in selected):
@@ -65,7 +63,7 @@ def step_compilations(plan: Plan, only: str | None = None) -> dict[str, Mapping[
             result = hook(resolved_config(plan.dag, label))
         except ValueError as e:
             field, _, why = str(e).partition(": ")
-            raise CompileRefused(f"step {node.name!r}, field {field!r}: {why or field}") from None
+            raise StepDeclarationError(node.name, why or field, field=field if why else None) from None
         except Exception as e:  # a program that could not be built is said, not raised
             result = {"compile failed": f"{type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}"}
         if result:

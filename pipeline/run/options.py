@@ -65,9 +65,9 @@ class ExecutorMainConfig:
     json: bool = False
     """Print the plan (or the run's outcome) as JSON on stdout; logs go to stderr."""
     compile: bool = False
-    """With the plan: build and compile each selected step that can be (a training, for its
-    declared hardware) without running it, show what the compiler says it needs, and refuse a
-    step whose program does not fit (non-zero exit)."""
+    """Build and compile each selected step that can be (a training, for its declared hardware)
+    without running it: the plan shows what the compiler says it needs; a run compiles the steps
+    it is about to run first. A program that does not fit its devices is refused (exit 2)."""
     only: str | None = None
     """Regex on step names: run only matching steps and what they need."""
     force: str | None = None

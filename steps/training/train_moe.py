@@ -69,7 +69,14 @@ from steps.training.config import (
     check_guards,
     summarize,
 )
-from steps.training.estimates import Hardware, hardware_of, layout_problems, layout_summary
+from steps.training.estimates import (
+    Hardware,
+    gathered_experts,
+    hardware_of,
+    layout_problems,
+    layout_summary,
+    readable_bytes,
+)
 from steps.training.gang_sync import join_gang
 from steps.training.mesh import MeshSpec
 from steps.training.models import MoeModelConfig
@@ -408,11 +415,21 @@ def plan_warnings(config: TrainMoeConfig) -> list[str]:
     if optimizer.name == "muon":
         rates["optimizer.adam_learning_rate"] = optimizer.adam_learning_rate
     low, high = LEARNING_RATES
-    return [
+    said = [
         f"{name} = {rate:g} is far outside the usual range ({low:g} to {high:g}): a typo?"
         for name, rate in rates.items()
         if isinstance(rate, int | float) and not low <= rate <= high
     ]
+    spec = (config.hardware or Hardware()).spec
+    gathered = gathered_experts(config.model, config.mesh or MeshSpec(), config.precision)
+    if spec is not None and gathered > spec.memory / 10:
+        said.append(
+            f"every device holds all {config.model.num_experts} experts of the layer it computes "
+            f"({readable_bytes(gathered)} a layer, {gathered / spec.memory:.0%} of a {spec.name}; "
+            "Levanter's MoE layer gathers them), which the memory estimate leaves out: "
+            "`drydock plan --compile` shows what the program needs"
+        )
+    return said
 
 
 step_function(

@@ -102,11 +102,11 @@ def test_the_tiny_moe_compiles_for_a_v5p_slice_on_this_cpu_host(tmp_path):
 @pytest.mark.timeout(600)
 def test_a_layout_too_large_for_its_chips_is_refused_in_one_line(tmp_path):
     result = plan(tmp_path, TPU="v5e-4", BIG="1")
-    assert result.returncode == 1
+    assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, result.stderr[-3000:]
     assert errors[0].startswith(
-        "error: step 'train/c', field 'mesh': does not fit TPU v5e:2x2 (4 chips): XLA: "
+        "error: step 'train/c', field `mesh`: does not fit TPU v5e:2x2 (4 chips): XLA: "
     )
     assert "Ran out of memory" in errors[0]
 

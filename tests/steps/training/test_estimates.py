@@ -63,7 +63,9 @@ def test_the_time_estimate_is_six_n_d_over_the_devices_peak():
 
 def test_hardware_comes_from_the_resources():
     assert hardware_of(Resources(gpus=8, hosts=16, accelerator="H100")) == Hardware("H100", 128, 0.4)
-    assert hardware_of(Resources(tpu="v5p-64", slices=2)) == Hardware("v5p", 64, 0.4)  # 32 chips x 2
+    assert hardware_of(Resources(tpu="v5p-64", slices=2)) == Hardware(
+        "v5p", 64, 0.4, slices=2
+    )  # 32 chips x 2
     assert hardware_of(Resources(tpu="v5e-16")) == Hardware("v5e", 16, 0.4)
     assert hardware_of(Resources(cpus=4)) == Hardware(None, None, 0.4)
     assert {"v4", "v5e", "v5p", "v6e", "H100", "H200", "B200", "GB200"} <= set(ACCELERATORS)
