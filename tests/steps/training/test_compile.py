@@ -111,6 +111,28 @@ def test_a_layout_too_large_for_its_chips_is_refused_in_one_line(tmp_path):
     assert "Ran out of memory" in errors[0]
 
 
+@needs_libtpu
+@pytest.mark.timeout(600)
+def test_a_run_with_compile_refuses_before_any_step_starts(tmp_path):
+    experiment = tmp_path / "compile_exp.py"
+    experiment.write_text(EXPERIMENT.format(root=str(ROOT)))
+    prefix = tmp_path / "p"
+    command = [sys.executable, "-m", "pipeline", "run", str(experiment), "--prefix", str(prefix)]
+    env = {**os.environ, "DRYDOCK_CACHE_DIR": str(tmp_path / "cache"), "TPU": "v5e-4", "BIG": "1"}
+    result = subprocess.run(
+        [*command, "--backend", "local", "--compile"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "error: step 'train/c', field `mesh`: does not fit TPU v5e:2x2 (4 chips)" in result.stderr
+    # Nothing ran, not even the data steps before the training.
+    assert not list(prefix.glob("tokenized/*/.status"))
+
+
 @pytest.mark.timeout(600)
 def test_a_cpu_layout_compiles_on_this_host(tmp_path):
     entry = compiled_entry(plan(tmp_path, "--json"))
