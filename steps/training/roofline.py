@@ -25,13 +25,14 @@ inter-chip bandwidth counted one way across all its links.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from steps.training.estimates import Accelerator
 
-__all__ = ["collectives", "roofline", "summarize_costs"]
+__all__ = ["collectives", "matmul_flops", "roofline", "summarize_costs"]
 
 
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
@@ -41,6 +42,7 @@ _DTYPE_BYTES = {
 }  # fmt: skip
 _SHAPE = re.compile(r"\b(pred|[suf]\d+|bf16|f8e4m3fn|f8e5m2|c64|c128)\[([\d,]*)\]")
 _COLLECTIVE = re.compile(r"=.*?\b(" + "|".join(KINDS) + r")(-start|-done)?\(")
+_LAYOUT = re.compile(r"\{[^{}]*\}")
 _WHILE = re.compile(r"\bwhile\(.*?condition=%?([\w.\-]+),\s*body=%?([\w.\-]+)")
 _CONSTANT = re.compile(r"\bs32\[\]\S*\s+constant\((\d+)\)")
 _TRIPS = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"')
@@ -61,9 +63,9 @@ def _bytes_of(result: str) -> int:
     return total
 
 
-def collectives(hlo: str) -> dict[str, dict[str, float]]:
-    """Count and result bytes of each kind of collective the HLO module runs per step (per device),
-    loop bodies counted once per trip (see the module docstring)."""
+def _program(hlo: str) -> tuple[dict[str, list[str]], dict[str, float]]:
+    """The HLO module's computations (name -> instruction lines) and how often each runs per step:
+    from the entry, through calls, fusions and loops (a loop's body once per trip)."""
     bodies: dict[str, list[str]] = {}
     entry = None
     current: str | None = None
@@ -87,7 +89,6 @@ def collectives(hlo: str) -> dict[str, dict[str, float]]:
             current = None
             continue
         bodies[current].append(stripped)
-    # How often each computation runs per step: from the entry, through calls and loops.
     runs: dict[str, float] = {}
 
     def visit(name: str, times: float, depth: int = 0) -> None:
@@ -102,9 +103,59 @@ def collectives(hlo: str) -> dict[str, dict[str, float]]:
                 if not loop or called != loop.group(2):
                     visit(called, times, depth + 1)
 
-    if entry is None:
-        return {}
-    visit(entry, 1.0)
+    if entry is not None:
+        visit(entry, 1.0)
+    return bodies, runs
+
+
+def matmul_flops(hlo: str) -> tuple[float, float]:
+    """FLOPs of the program's dots and convolutions per step, (loop bodies once per trip, loop
+    bodies once). XLA's `cost_analysis()` counts a loop's body once: for a model whose layers
+    are scanned it reports about one layer's FLOPs; the ratio of the two counts here corrects it.
+    A dot is 2 x its result's elements x its contracted size; a convolution (XLA's form of many
+    batched matmuls) 2 x its result's elements x its kernel's elements per output feature."""
+    bodies, runs = _program(hlo)
+    with_trips = once = 0.0
+    for name, times in runs.items():
+        shapes: dict[str, list[int]] = {}
+        for line in bodies[name]:
+            target, _, rest = line.partition("=")
+            label = target.replace("ROOT", "").strip().lstrip("%")
+            plain = _LAYOUT.sub("", rest)  # layouts hold parentheses of their own: `{1,0:T(8,128)}`
+            head, _, args = plain.partition("(")
+            found = _SHAPE.findall(head)
+            if len(found) == 1 and not head.strip().startswith("("):
+                shapes[label] = [int(d) for d in found[0][1].split(",") if d]
+            op = head.split()[-1] if head.split() else ""
+            if op not in ("dot", "convolution"):
+                continue
+            operands = re.findall(r"%([\w.\-]+)", args.split(")", 1)[0])
+            result = shapes.get(label)
+            if result is None or len(operands) < 2:
+                continue
+            elements = math.prod(result)
+            if op == "dot":
+                lhs = shapes.get(operands[0], [])
+                dims = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest)
+                contracted = (
+                    math.prod(lhs[int(d)] for d in dims.group(1).split(",") if d) if dims and lhs else 1
+                )
+            else:
+                kernel = shapes.get(operands[1], [])
+                labels = re.search(r"dim_labels=[^_]*_([^-]*)->", rest)
+                if not kernel or not labels or "o" not in labels.group(1):
+                    continue
+                contracted = math.prod(kernel) // max(kernel[labels.group(1).index("o")], 1)
+            flops = 2.0 * elements * contracted
+            with_trips += times * flops
+            once += flops
+    return with_trips, once
+
+
+def collectives(hlo: str) -> dict[str, dict[str, float]]:
+    """Count and result bytes of each kind of collective the HLO module runs per step (per device),
+    loop bodies counted once per trip (see the module docstring)."""
+    bodies, runs = _program(hlo)
     out: dict[str, dict[str, float]] = {}
     for name, times in runs.items():
         for line in bodies[name]:
