@@ -61,10 +61,10 @@ device), computing in bfloat16. `drydock plan` shows, offline:
 
 Compiled for its hardware (`DRYDOCK_535B_HARDWARE=v5p drydock plan ... --compile`: one v5p-2048
 slice, `MeshSpec(data=128, expert=8)`), XLA refuses it in 74 s on a 2-core host: 27.87 TiB of
-temporaries per chip against the estimate's 80.6 GiB. The loss of this Levanter program is not
-split by the batch for a 128k vocabulary (per-chip temporaries grow with the global batch), and
-every chip gathers all 384 experts of the layer it computes (docs/training.md, "The hero on its
-hardware, compiled"): neither layout trains as declared until both are fixed.
+temporaries per chip against the estimate's 80.6 GiB: at 1,024 chips part of the program is not
+split by the batch (per-chip temporaries grow with the global batch, about the whole batch's
+logits), and every chip gathers all 384 experts of the layer it computes (docs/training.md, "The
+hero on its hardware, compiled"): neither layout trains as declared until both are fixed.
 
 (memory: 16 bytes per parameter held, the residual stream of each of the 48 layers, one layer's
 working set, the float32 logits: `steps/training/estimates.py`; time: 6 x 22.70B active parameters x 18.0T

@@ -12,6 +12,7 @@ second trainer here). Under the step's output directory:
                             segments of about 1 MiB; `steps.training.metrics` reads either)
     hf/step-N/              a Hugging Face export of the final model
     levanter_model.json     the Levanter model config (the evaluate step rebuilds the model from it)
+    layout.json             the mesh and each parameter's sharding as trained (`steps.training.layout`)
     train_result.json       parameters, steps, where it resumed from, wall time
     summary.json            Levanter's run summary
     logs/                   Levanter's log file
