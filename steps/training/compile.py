@@ -97,6 +97,12 @@ def compile_layout(config: TrainMoeConfig) -> dict[str, Any]:
             "declaration, or make the data first"
         )
     spec = hardware.spec
+    if spec is not None and spec.name == "v4":
+        return {
+            "compiled": {"estimate_only": True},
+            "compiled on": "not compiled: libtpu describes a v4 chip as two devices, where a v4 slice "
+            "trains with one per chip (the figures above are the estimate)",
+        }
     if spec is not None and hardware.accelerator not in TPU_GENERATIONS and not _gpus_here():
         return {
             "compiled": {"estimate_only": True},
@@ -109,12 +115,11 @@ def compile_layout(config: TrainMoeConfig) -> dict[str, Any]:
             figures = json.load(f)
         figures["cached"] = True
     else:
-        figures = _compile_in_worker(config, vocab)
-        if "refused" not in figures:
-            os.makedirs(os.path.dirname(cached), exist_ok=True)
-            with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(cached), delete=False) as f:
-                json.dump(figures, f, indent=1)
-            os.replace(f.name, cached)
+        figures = _compile_in_worker(config, vocab)  # a refusal is as deterministic: kept too
+        os.makedirs(os.path.dirname(cached), exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(cached), delete=False) as f:
+            json.dump(figures, f, indent=1)
+        os.replace(f.name, cached)
     if "refused" in figures:
         raise ValueError(f"mesh: {figures['refused']}")
     return _shown(config, vocab, figures)
@@ -200,9 +205,12 @@ def _compile_in_worker(config: TrainMoeConfig, vocab: int) -> dict[str, Any]:
 
 
 def _worker_env(config: TrainMoeConfig) -> dict[str, str]:
-    """The worker's JAX settings: CPU as JAX's platform (a TPU is described, not attached), libtpu
-    allowed beside other JAX processes, and as many host-platform devices as a CPU mesh needs."""
+    """The worker's JAX settings: for a TPU (described, not attached) or the CPU, CPU as JAX's
+    platform and libtpu allowed beside other JAX processes; for the CPU as many host-platform
+    devices as the mesh needs; for GPUs, JAX as it is (it finds them)."""
     hardware = config.hardware or Hardware()
+    if hardware.accelerator is not None and hardware.accelerator not in TPU_GENERATIONS:
+        return {}
     env = {"JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1", "TPU_SKIP_MDS_QUERY": "1"}
     if hardware.accelerator is None:
         devices = _cpu_devices(config)
