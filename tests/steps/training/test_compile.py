@@ -51,14 +51,19 @@ if __name__ == "__main__":
 """
 
 
-def plan(tmp_path: Path, *options: str, **env: str) -> subprocess.CompletedProcess:
+def drydock(verb: str, tmp_path: Path, *options: str, **env: str) -> subprocess.CompletedProcess:
+    """`drydock VERB` of the experiment above with `--compile`, its cache under `tmp_path`."""
     experiment = tmp_path / "compile_exp.py"
     experiment.write_text(EXPERIMENT.format(root=str(ROOT)))
-    command = [sys.executable, "-m", "pipeline", "plan", str(experiment), "--prefix", str(tmp_path / "p")]
+    command = [sys.executable, "-m", "pipeline", verb, str(experiment), "--prefix", str(tmp_path / "p")]
     full_env = {**os.environ, "DRYDOCK_CACHE_DIR": str(tmp_path / "cache"), **env}
     return subprocess.run(
         [*command, "--compile", *options], cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=600
     )
+
+
+def plan(tmp_path: Path, *options: str, **env: str) -> subprocess.CompletedProcess:
+    return drydock("plan", tmp_path, *options, **env)
 
 
 def compiled_entry(result: subprocess.CompletedProcess) -> dict:
@@ -118,19 +123,8 @@ def test_a_layout_too_large_for_its_chips_is_refused_in_one_line(tmp_path):
 @needs_libtpu
 @pytest.mark.timeout(600)
 def test_a_run_with_compile_refuses_before_any_step_starts(tmp_path):
-    experiment = tmp_path / "compile_exp.py"
-    experiment.write_text(EXPERIMENT.format(root=str(ROOT)))
+    result = drydock("run", tmp_path, "--backend", "local", TPU="v5e-4", BIG="1")
     prefix = tmp_path / "p"
-    command = [sys.executable, "-m", "pipeline", "run", str(experiment), "--prefix", str(prefix)]
-    env = {**os.environ, "DRYDOCK_CACHE_DIR": str(tmp_path / "cache"), "TPU": "v5e-4", "BIG": "1"}
-    result = subprocess.run(
-        [*command, "--backend", "local", "--compile"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
     assert result.returncode == 2, result.stderr[-3000:]
     assert "error: step 'train/c', field `mesh`: does not fit TPU v5e:2x2 (4 chips)" in result.stderr
     # Nothing ran, not even the data steps before the training.
