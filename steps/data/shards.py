@@ -9,6 +9,7 @@ records and nothing else. Every error names the file and the line (or row).
 
 from __future__ import annotations
 
+import decimal
 import functools
 import io
 import json
@@ -24,6 +25,8 @@ __all__ = [
     "JSON_SUFFIXES",
     "ShardError",
     "is_shard",
+    "jsonl_lines",
+    "parse_record",
     "shard_records",
     "shard_texts",
     "split_compression",
@@ -77,39 +80,24 @@ def shard_records(path: str) -> Iterator[Any]:
 
 
 def _json_texts(path: str, text_field: str) -> Iterator[str]:
-    """The text of every non-empty line of a jsonl shard: what `_json_lines` gives, read faster.
+    """The text of every record of a jsonl shard: what `_json_lines` gives, read faster.
 
     A line is decoded by msgspec into a struct of the one field, skipping the others without
-    making Python objects of them (about three times `json.loads` on short records). A line it
-    does not take (not an object, no such text field, JSON that only `json.loads` reads, such as
-    NaN, or an error to report) and a line holding a carriage return (text mode, which line
-    numbers count in, splits there) go the way `_json_lines` reads them, with the same result or
-    the same error."""
-    base, compression = split_compression(path)
-    if not base.endswith(JSON_SUFFIXES):
-        raise ShardError(f"{path}: unknown format; use .jsonl or .parquet (optionally .gz or .zst)")
+    making Python objects of them (about three times `json.loads` on short records). msgspec
+    skips the other fields without checking their UTF-8, so a line that is not ASCII is checked
+    first. A line it does not take (not an object, no such text field, JSON that only `json.loads`
+    reads, such as NaN or a lone surrogate, or an error to report) goes the way `_json_lines`
+    reads it, with the same result or the same error."""
     decode = _text_decoder(text_field)
-    number = 0
-    with fsspec.open(path, "rb", compression=compression) as raw:
-        for line in raw:
-            if b"\r" in line:
-                lines = list(io.StringIO(line.decode("utf-8"), newline=None))
-            else:
-                if line.isspace():
-                    number += 1
-                    continue
-                try:
-                    text = decode(line).text
-                except msgspec.DecodeError:  # ValidationError included
-                    lines = [line.decode("utf-8")]
-                else:
-                    number += 1
-                    yield text
-                    continue
-            for text_line in lines:
-                number += 1
-                if text_line.strip():
-                    yield _record_text(path, number, _json_record(path, number, text_line), text_field)
+    for number, line in jsonl_lines(path):
+        try:
+            if not line.isascii():
+                line.decode("utf-8")
+            text = decode(line).text
+        except (msgspec.DecodeError, UnicodeDecodeError):  # ValidationError included
+            yield _record_text(path, number, parse_record(path, number, line), text_field)
+        else:
+            yield text
 
 
 @functools.cache
@@ -126,22 +114,57 @@ def _record_text(path: str, number: int, record: Any, text_field: str) -> str:
     return text
 
 
-def _json_record(path: str, number: int, line: str) -> Any:
+def _parse_int(digits: str) -> int | decimal.Decimal:
+    # Python refuses to convert integers of over 4,300 digits (sys.get_int_max_str_digits);
+    # a record is valid JSON whatever its numbers, so a long one is kept exact as a Decimal.
     try:
-        return json.loads(line)
+        return int(digits)
+    except ValueError:
+        return decimal.Decimal(digits)
+
+
+def parse_record(path: str, number: int, line: bytes) -> Any:
+    """The JSON value of one record line (see `jsonl_lines`); a `ShardError` naming the file and
+    line if it is not UTF-8 or not one JSON value."""
+    try:
+        return json.loads(line.decode("utf-8"), parse_int=_parse_int)
+    except UnicodeDecodeError as e:
+        raise ShardError(f"{path} line {number}: not UTF-8 ({e})") from e
     except ValueError as e:
-        raise ShardError(f"{path} line {number}: malformed JSON ({e})") from e
+        hint = ""
+        if b"\r" in line.rstrip(b"\r\n"):
+            hint = "; records end at \\n only, a carriage return inside a line does not end one"
+        raise ShardError(f"{path} line {number}: malformed JSON ({e}){hint}") from e
 
 
-def _json_lines(path: str) -> Iterator[tuple[int, Any]]:
-    """(line number, record) of every non-empty line of a jsonl shard."""
+_JSON_WHITESPACE = b" \t\r\n"
+
+
+def jsonl_lines(path: str) -> Iterator[tuple[int, bytes]]:
+    """(line number, bytes) of every record of a jsonl shard: the one definition of a record
+    that every step reading or filtering jsonl shares, so that the n-th record read is the n-th
+    record written.
+
+    As JSON Lines defines it: lines end at `\\n` only (a `\\r` before it is JSON whitespace; a
+    bare `\\r` inside a line is not a separator), a line holding only JSON whitespace (space, tab,
+    CR) is no record but is counted in the line numbers, and any other line is one record, even
+    one `str.strip` would find blank (a no-break space, U+001C): it must then parse as JSON or
+    be an error naming its line."""
     base, compression = split_compression(path)
     if not base.endswith(JSON_SUFFIXES):
         raise ShardError(f"{path}: unknown format; use .jsonl or .parquet (optionally .gz or .zst)")
     with fsspec.open(path, "rb", compression=compression) as raw:
-        for number, line in enumerate(io.TextIOWrapper(raw, encoding="utf-8"), 1):
-            if line.strip():
-                yield number, _json_record(path, number, line)
+        for number, line in enumerate(raw, 1):
+            # isspace() is a fast pre-check; \x0b and \x0c are whitespace to it, not to JSON.
+            if line.isspace() and not line.strip(_JSON_WHITESPACE):
+                continue
+            yield number, line
+
+
+def _json_lines(path: str) -> Iterator[tuple[int, Any]]:
+    """(line number, record) of every record of a jsonl shard."""
+    for number, line in jsonl_lines(path):
+        yield number, parse_record(path, number, line)
 
 
 def _parquet_texts(path: str, text_field: str) -> Iterator[str]:
@@ -175,14 +198,13 @@ def write_kept(src: str, dst: str, keep: Sequence[bool]) -> None:
         write_file(dst, out.getvalue())
         return
     kept = io.BytesIO()
-    index = 0
-    with fsspec.open(src, "rb", compression=compression) as raw:
-        for line in raw:
-            if not line.strip():
-                continue
-            if keep[index]:
-                kept.write(line if line.endswith(b"\n") else line + b"\n")
-            index += 1
+    records = 0
+    for index, (_number, line) in enumerate(jsonl_lines(src)):
+        if index < len(keep) and keep[index]:
+            kept.write(line if line.endswith(b"\n") else line + b"\n")
+        records = index + 1
+    if records != len(keep):
+        raise ShardError(f"{src}: {records} records for {len(keep)} flags")
     data = kept.getvalue()
     if compression == "gzip":
         import gzip

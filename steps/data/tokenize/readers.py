@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import gzip
 import io
-import json
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import fsspec
 
-from steps.data.shards import JSON_SUFFIXES, split_compression
+from steps.data.shards import JSON_SUFFIXES, ShardError, jsonl_lines, parse_record, split_compression
 from steps.data.sources import InputError, RawDataset, expand_input
 from steps.data.tokenize.common import ShardStats, TokenizeError
 
@@ -55,17 +54,16 @@ def documents(path: str, config: TokenizeConfig, stats: ShardStats) -> Iterator[
     if base.endswith(".parquet"):
         yield from _parquet_documents(path, config, stats)
         return
-    with fsspec.open(path, "rb", compression=compression) as raw:
-        stream = io.TextIOWrapper(raw, encoding="utf-8", errors="strict")
-        try:
-            if base.endswith(_TEXT_SUFFIXES):
-                yield from _text_documents(stream, config)
-            else:
-                yield from _json_documents(stream, path, config, stats)
-        except UnicodeDecodeError as e:
-            raise TokenizeError(f"{path}: not UTF-8 text ({e})") from e
-        except (gzip.BadGzipFile, EOFError, OSError) as e:
-            raise TokenizeError(f"{path}: cannot read ({type(e).__name__}: {e})") from e
+    try:
+        if base.endswith(_TEXT_SUFFIXES):
+            with fsspec.open(path, "rb", compression=compression) as raw:
+                yield from _text_documents(io.TextIOWrapper(raw, encoding="utf-8", errors="strict"), config)
+        else:
+            yield from _json_documents(path, config, stats)
+    except UnicodeDecodeError as e:
+        raise TokenizeError(f"{path}: not UTF-8 text ({e})") from e
+    except (gzip.BadGzipFile, EOFError, OSError) as e:
+        raise TokenizeError(f"{path}: cannot read ({type(e).__name__}: {e})") from e
 
 
 def _text_documents(stream: io.TextIOBase, config: TokenizeConfig) -> Iterator[str]:
@@ -79,16 +77,14 @@ def _text_documents(stream: io.TextIOBase, config: TokenizeConfig) -> Iterator[s
             yield line.rstrip("\n")
 
 
-def _json_documents(
-    stream: io.TextIOBase, path: str, config: TokenizeConfig, stats: ShardStats
-) -> Iterator[str]:
-    for number, line in enumerate(stream, 1):
-        if not line.strip():
-            continue
+def _json_documents(path: str, config: TokenizeConfig, stats: ShardStats) -> Iterator[str]:
+    # Records as every curation step reads them (`jsonl_lines`), so that tokenize counts and
+    # numbers the lines of a shard that dedupe or decontaminate filtered as they did.
+    for number, line in jsonl_lines(path):
         try:
-            record = json.loads(line)
-        except ValueError as e:
-            _bad(config, stats, f"{path} line {number}: malformed JSON ({e})")
+            record = parse_record(path, number, line)
+        except ShardError as e:
+            _bad(config, stats, str(e))
             continue
         text = record.get(config.text_field) if isinstance(record, dict) else None
         if not isinstance(text, str):

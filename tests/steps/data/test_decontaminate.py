@@ -139,3 +139,17 @@ def test_every_string_of_an_evaluation_record_is_checked(tmp_path):
     )
     assert json.loads((out / "stats.json").read_text())["total"]["documents_removed"] == 1
     assert Path(out / "removed.jsonl").read_text().count("\n") == 1
+
+
+def test_a_line_text_mode_found_blank_is_a_record_named_in_an_error(tmp_path):
+    """Regression: a line holding only a no-break space was no record to the reader and one to
+    the writer: a bare IndexError (or, elsewhere in a shard, the wrong documents kept)."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.jsonl").write_bytes('{"text": "one two three"}\n\u00a0\n'.encode())
+    write_jsonl(tmp_path / "eval.jsonl", unique_docs(3, seed=2))
+    config = DecontaminateConfig(
+        inputs=[str(tmp_path / "in")], evaluation=[str(tmp_path / "eval.jsonl")], output=str(tmp_path / "out")
+    )
+    with pytest.raises(DecontaminateError, match=r"a.jsonl line 2: malformed JSON"):
+        decontaminate(config)
+    assert not (tmp_path / "out" / "data").exists()

@@ -235,3 +235,36 @@ def test_removed_indices_reads_which_records_a_kept_shard_lacks(tmp_path):
     assert removed_indices(str(source), str(source)) == []
     with pytest.raises(DedupeError, match="not those of"):
         removed_indices(str(source), str(stranger))
+
+
+def test_the_records_read_are_the_records_written(tmp_path):
+    """Regression (data loss): reading numbered records as text mode does (a lone carriage return
+    ended a line) while writing split at newlines only kept both copies of a duplicate and dropped
+    a unique document. One definition of a record: valid JSON Lines keeps the right documents,
+    and a line that is not one record is an error naming it, with nothing written."""
+    shard = tmp_path / "in" / "s.jsonl"
+    shard.parent.mkdir()
+    shard.write_bytes(
+        b'{"text": "A", "n": 1}\r\n'
+        b'{"text": "A",\r"n": 2}\n'  # a carriage return is JSON whitespace inside a record
+        b" \t\r\n"
+        b'{"text": "B"}\n'
+        b'{"text": "C"}'
+    )
+    config = DedupeConfig(inputs=[str(shard.parent)], output=str(tmp_path / "out"), near=False)
+    dedupe(config)
+    (out,) = (tmp_path / "out" / "data").rglob("*.jsonl")
+    assert [json.loads(line) for line in out.read_text().splitlines()] == [
+        {"text": "A", "n": 1},
+        {"text": "B"},
+        {"text": "C"},
+    ]
+
+    shard.write_bytes(b'{"text": "A"}\r{"text": "A"}\n{"text": "B"}\n{"text": "C"}\n')
+    bad = DedupeConfig(inputs=[str(shard.parent)], output=str(tmp_path / "bad"), near=False)
+    with pytest.raises(DedupeError, match=r"s.jsonl line 1: malformed JSON .*carriage return"):
+        dedupe(bad)
+    assert not (tmp_path / "bad" / "data").exists()
+    shard.write_bytes('{"text": "A"}\n\u00a0\n{"text": "B"}\n'.encode())
+    with pytest.raises(DedupeError, match=r"s.jsonl line 2: malformed JSON"):
+        dedupe(bad)
