@@ -92,12 +92,16 @@ def adopt(
     heartbeat.start()
     fence = Fence(lambda: heartbeat.valid_until(step_dir) - clock(), label)
     staging = f"{step_dir}/{TMP_PREFIX}adopt-{token}"
-    committed = False
+    committed = promoting = False
     try:
         started = clock()
         with fenced_thread(fence):
             copied = copy_files(store.storage, listing.files, source, staging, fence.check)
             fence.check("replace the output a failed attempt left")
+            # Marked first: if this process stops while files are moving in, the next holder of
+            # the lease knows they are not a run's output and removes them (docs/reliability.md).
+            store.begin_adoption(step_dir)
+            promoting = True
             store.clear_payload(step_dir)
             promote(store.storage, staging, copied, step_dir, fence.check)
             adopted = {
@@ -124,6 +128,7 @@ def adopt(
             raise StepDeclarationError(node.name, f"{label}: lease lost while adopting; nothing committed")
         note = {"pinned_at": adopted["at"], "by": adopted["by"], "reason": f"adopted from {source}"}
         store.storage.write(f"{step_dir}/{PINNED}", json.dumps(note).encode())
+        store.end_adoption(step_dir)
         return adopted
     except StepCancelled as e:  # the fence refused a write: the lease may be another's now
         raise StepDeclarationError(
@@ -135,8 +140,10 @@ def adopt(
             # Our own staging directory (named by our token): no other runner writes there.
             try:
                 store.storage.delete(staging, recursive=True)
-            except Exception as e:  # gc removes a left-over staging directory
-                logger.warning("could not remove %s: %s", staging, e)
+                if promoting and fence.remaining() > 0:  # still ours: take back what we moved in
+                    store.clear_interrupted_adoption(step_dir)
+            except Exception as e:  # gc removes a left-over staging directory; the next attempt
+                logger.warning("could not clean up %s: %s", staging, e)  # the moved-in files
             store.release(step_dir, owner, token)
 
 

@@ -153,6 +153,16 @@ class Attempts:
         started = self.clock()
         released = False
         try:
+            # An adoption stopped while moving its files in left them without committing: they
+            # are not this step's output, and an attempt starts from only what it writes.
+            removed = self.store.clear_interrupted_adoption(step_dir)
+            if removed:
+                logger.warning(
+                    "%s: removed %d entries an interrupted `drydock adopt` had moved in (%s)",
+                    label,
+                    len(removed),
+                    ", ".join(sorted(removed)[:5]) + (", ..." if len(removed) > 5 else ""),
+                )
             if forced and attempt == 1:
                 # --force redoes the step from nothing: a training must not "resume" from the
                 # final checkpoint it left. Retries within this run keep what this run wrote.

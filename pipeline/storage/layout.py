@@ -24,6 +24,7 @@ from pipeline.core.dag import join_path
 from pipeline.core.identity import HASH_CHARS, NAME_PART
 
 __all__ = [
+    "ADOPTING",
     "ALERTS_DIR",
     "HIDDEN_FILES",
     "LABEL",
@@ -55,10 +56,14 @@ STATUS = ".status"
 LEASE = ".lease"
 PROGRESS = ".progress"
 PINNED = ".pinned"
+ADOPTING = ".adopting"
+"""Written by `drydock adopt` before it moves files into a step directory, removed once it has
+committed: a step directory holding it and no SUCCESS holds an interrupted adoption's files,
+which the next attempt removes before it starts (an attempt starts from only what it writes)."""
 LOGS_DIR = ".logs"
 TMP_PREFIX = ".tmp-"
 CORRUPT_PREFIX = f"{STATUS}.corrupt-"
-HIDDEN_FILES = frozenset({STEP_JSON, STATUS, LEASE, LOGS_DIR, PROGRESS, PINNED})
+HIDDEN_FILES = frozenset({STEP_JSON, STATUS, LEASE, LOGS_DIR, PROGRESS, PINNED, ADOPTING})
 """Drydock's own entries in a step directory (plus `.status.corrupt-*` and `.tmp-*`)."""
 STEP_DIR_MARKERS = frozenset({STATUS, STEP_JSON, LEASE})
 """A directory holding any of these is a step directory."""

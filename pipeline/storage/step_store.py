@@ -45,7 +45,7 @@ from pipeline.core.records import (
 from pipeline.errors import StorageAccessDenied, StorageError
 from pipeline.processes import pid_alive
 from pipeline.storage.files import Storage
-from pipeline.storage.layout import CORRUPT_PREFIX, LEASE, PROGRESS, STATUS, STEP_JSON, is_payload
+from pipeline.storage.layout import ADOPTING, CORRUPT_PREFIX, LEASE, PROGRESS, STATUS, STEP_JSON, is_payload
 from pipeline.storage.opening import map_reads
 
 __all__ = ["Acquired", "AlreadyDone", "Held", "StepStore", "content_digest"]
@@ -178,6 +178,25 @@ class StepStore:
         for name in names:
             self.storage.delete(f"{step_dir}/{name}", recursive=True)
         return names
+
+    def begin_adoption(self, step_dir: str) -> None:
+        """Mark the step directory as receiving an adoption's files (`ADOPTING`), before the first
+        is moved in. Call only while holding the step's lease."""
+        self.storage.write(f"{step_dir}/{ADOPTING}", b"drydock adopt: files being moved in\n")
+
+    def end_adoption(self, step_dir: str) -> None:
+        """Remove the mark `begin_adoption` wrote (after the commit, or after clearing)."""
+        self.storage.delete(f"{step_dir}/{ADOPTING}")
+
+    def clear_interrupted_adoption(self, step_dir: str) -> list[str]:
+        """If an adoption was stopped after moving files in and before committing, delete its
+        files (the step's payload) and its mark: an attempt must not commit files its function
+        never wrote. Call only while holding the step's lease. Returns the names deleted."""
+        if self.storage.read(f"{step_dir}/{ADOPTING}") is None:
+            return []
+        removed = self.clear_payload(step_dir)
+        self.end_adoption(step_dir)
+        return removed
 
     def has_payload(self, step_dir: str) -> bool:
         """Whether the step wrote anything besides Drydock's own metadata."""

@@ -239,3 +239,56 @@ def test_a_stalled_adopt_loses_its_lease_and_leaves_the_new_owners_output_alone(
     assert "adopted" not in json.loads((step_dir / ".step.json").read_text())
     last = json.loads((step_dir / ".status").read_text().splitlines()[-1])
     assert last["event"] == "SUCCESS" and "adopted" not in (last.get("data") or {})
+
+
+KILLED_MID_PROMOTION = """
+import os, signal, sys
+import pipeline.run.adopt as adopt
+
+def half_then_killed(storage, staging, names, directory, check):
+    # Move half the staged entries into the step directory as promote does, then die as SIGKILL
+    # does: no finally clause, no cleanup, the lease left to expire.
+    tops = sorted({name.split("/", 1)[0] for name in names})
+    for top in tops[: len(tops) // 2]:
+        os.replace(f"{staging}/{top}", f"{directory}/{top}")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+adopt.promote = half_then_killed
+from pipeline.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_an_attempt_after_an_adopt_killed_mid_promotion_commits_only_its_own_output(tmp_path):
+    """Regression: an adopt killed while moving its staged files in left them in the step
+    directory, and the next run's attempt committed its own output with them mixed in."""
+    source = tmp_path / "from"
+    for i in range(40):
+        (source / f"shard-{i:02d}").mkdir(parents=True)
+        (source / f"shard-{i:02d}" / "part.txt").write_text(f"{i}\n")
+    (source / "rows.jsonl").write_text(json.dumps({"id": 0, "value": 9}) + "\n")
+    prefix = tmp_path / "prefix"
+    lease = ["--lease_timeout", "2", "--heartbeat_interval", "0.5"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}
+    command = ["adopt", "experiments/hello.py", "raw/hello", str(source), "--prefix", str(prefix), *lease]
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_MID_PROMOTION, *command],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    step_dir = step_dir_of(prefix)
+    assert step_dir is not None
+    moved_in = [p.name for p in step_dir.iterdir() if not p.name.startswith(".")]
+    assert len(moved_in) == 20 and "rows.jsonl" in moved_in  # what the run below starts from
+
+    run = drydock("run", "experiments/hello.py", "--prefix", str(prefix), "--backend", "local", *lease)
+    assert run.returncode == 0, run.stderr
+    assert sorted(p.name for p in step_dir.iterdir() if not p.name.startswith(".")) == ["rows.jsonl"]
+    assert "removed 20 entries an interrupted `drydock adopt` had moved in" in run.stderr
+    rows = [json.loads(line) for line in (step_dir / "rows.jsonl").read_text().splitlines()]
+    assert [r["value"] for r in rows] == [i * 7 % 10 for i in range(10)]
+    assert not (step_dir / ".adopting").exists()
