@@ -25,11 +25,18 @@ import functools
 import json
 import os
 import re
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from steps.evaluation.task_templates import TEMPLATE_FIELDS, TaskTemplate, TemplateError, compile_template
+from steps.evaluation.task_templates import (
+    MAX_CHECK_SECONDS,
+    TEMPLATE_FIELDS,
+    TaskTemplate,
+    TemplateError,
+    compile_template,
+)
 
 __all__ = [
     "METRICS",
@@ -305,11 +312,14 @@ def check_rows(task: EvalTask, split: str, path: str, where: str, shown: str | N
         for name in TEMPLATE_FIELDS
         if getattr(task, name) is not None
     }
+    started = time.monotonic()
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             at = f"{where}.data[{split!r}]: {shown or path} line {number}"
+            if time.monotonic() - started > MAX_CHECK_SECONDS:  # each row is bounded; so are all
+                raise ValueError(f"{at}: the templates took over {MAX_CHECK_SECONDS:g} s on the rows so far")
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:

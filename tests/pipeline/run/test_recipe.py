@@ -138,7 +138,7 @@ def test_a_manifest_whose_values_changed_is_refused(tmp_path):
 # -- through the real command line ---------------------------------------------------------------
 
 
-def drydock(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+def drydock(*args: str, cwd: Path = ROOT, timeout: float = 120) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("DRYDOCK_PREFIX", None)
     return subprocess.run(
@@ -147,7 +147,7 @@ def drydock(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -173,3 +174,69 @@ def test_a_shared_manifest_with_code_in_its_tasks_is_refused_before_anything_run
     path.write_text(json.dumps(recorded(tmp_path)))
     result = drydock("plan", str(path), "--prefix", str(tmp_path / "elsewhere"))
     assert result.returncode == 0, result.stderr
+
+
+COSTLY = {
+    # Refused when the template is checked: before any row is rendered.
+    "{% if 9**(9**9) %}{% endif %}{{ query }}": "`**` is not allowed",
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}{{ query }}": (
+        "loops may not nest"
+    ),
+    "{% for x in [query] recursive %}{{ loop([]) }}{% endfor %}": "a `recursive` loop is not allowed",
+    "{% block b %}{{ self.b() }}{% endblock %}": "`block` is not allowed",
+}
+COSTLY_WHEN_RENDERED = {
+    "{{ query|regex_replace('(a|aa)+$', '') }}": "the regular expression '(a|aa)+$' took more than 2 s",
+    "{{ query.center(1000000000) }}": "the argument 1,000,000,000 is over the limit",
+    "{{ '%9999999999d' % 1 }}": "a format with a width of 1,000,000 or more",
+    "{{ '{:>9999999999}'.format(1) }}": "a format with a width of 1,000,000 or more",
+    "{{ '{:>9999999999}'['format'](1) }}": "a format with a width of 1,000,000 or more",
+    "{{ '%9999999999d'|format(1) }}": "a format with a width of 1,000,000 or more",
+    "{{ 'x' * 1000000000 }}": "a value of 1,000,000,000 items is over the limit",
+    "{{ (range(100000)|list) * 100 }}": "a value of 10,000,000 items is over the limit",
+    "{{ 99999999999999999999 * 99999999999999999999 * 99999999999999999999 * 99999999999999999999"
+    " * 99999999999999999999 * 99999999999999999999 * 99999999999999999999 * 99999999999999999999"
+    " * 99999999999999999999 * 99999999999999999999 * 99999999999999999999 * 99999999999999999999"
+    " }}": None,  # 800 bits: within the limit
+    "{% for i in range(100000) %}{{ query * 20 }}{% endfor %}": "the output is over the limit",
+    "{% for i in range(100000) %}{{ (range(100000)|list|sort|length) }}{% endfor %}": "took more than 2 s",
+}
+
+
+@pytest.mark.parametrize("source", list(COSTLY))
+def test_a_template_whose_cost_is_unbounded_is_refused_when_checked(source):
+    with pytest.raises(TemplateError, match=re.escape(COSTLY[source])):
+        compile_template(source)
+
+
+@pytest.mark.parametrize("source", list(COSTLY_WHEN_RENDERED))
+def test_a_render_over_a_limit_stops_with_the_limit_named(source):
+    template = TaskTemplate(source, "doc_to_text", has_choices=False)
+    row = {"query": "a" * 40 + "b"}
+    expect = COSTLY_WHEN_RENDERED[source]
+    if expect is None:
+        assert template(row) == str(99999999999999999999**12)
+        return
+    with pytest.raises(TemplateError, match=re.escape(expect)):
+        template(row)
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{% if 9**(9**9) %}{% endif %}{{ question }}",
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}{{ question }}",
+        "{{ ('a' * 40 ~ 'b')|regex_replace('(a|aa)+$', '') }}{{ question }}",
+    ],
+)
+def test_a_shared_manifest_whose_templates_never_end_cannot_hang_plan(tmp_path, template):
+    """Regression (denial of service): planning rendered these for ever (the first deaf to
+    Ctrl-C, folded in C at compile time). Now `plan` ends at once with the step, field and limit."""
+    manifest = recorded(tmp_path)
+    tasks_of(manifest)["doc_to_text"] = template
+    path = tmp_path / "shared.json"
+    path.write_text(json.dumps(manifest))
+    result = drydock("plan", str(path), "--prefix", str(tmp_path / "elsewhere"), timeout=60)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "step 'tasks/x'" in result.stderr and "doc_to_text" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
