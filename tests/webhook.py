@@ -15,7 +15,9 @@ SECRET = "T000/B000/very-secret-token"
 class _Hook(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
-        self.server.received.append({"path": self.path, "body": json.loads(body)})  # type: ignore[attr-defined]
+        authorization = self.headers["Authorization"]
+        received = {"path": self.path, "body": json.loads(body), "authorization": authorization}
+        self.server.received.append(received)  # type: ignore[attr-defined]
         self.send_response(200)
         self.end_headers()
         self.wfile.write(b"ok")

@@ -16,13 +16,21 @@ Three promises:
   - **rate-limited**: at most `per_minute` messages a minute; the same kind of message about the
     same step at most once every `repeat_after` seconds; what is held back is counted and said in
     the next message ("and 12 more alerts");
-  - **keeps the secret**: a webhook URL is a credential (its path is the token). It is never
-    logged (only its host is), and `redact_argv` takes it out of the command line that manifests
-    and `.step.json` record.
+  - **keeps the secret**: a webhook URL is a credential (its path is the token, and it may
+    carry `user:password@`, sent as HTTP basic authentication). It is never logged (only its host
+    and port are), errors are scrubbed of it, and `redact_argv` takes it out of the command line
+    that manifests and `.step.json` record;
+  - **says only what Drydock means**: the text quotes exception and progress messages, which
+    anyone's step writes; `&`, `<` and `>` are escaped as Slack asks, so a message cannot ping a
+    channel (`<!channel>`) or dress a link (`<https://...|the dashboard>`).
+
+Any failure of the webhook (down, slow, a reply that is not HTTP) is retried and then recorded
+as not delivered; none stops the thread that sends the rest, nor the run's alert log.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import queue
@@ -34,7 +42,15 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["SECRET_FLAGS", "AlertLog", "Notifier", "check_webhook", "redact_argv"]
+__all__ = [
+    "SECRET_FLAGS",
+    "AlertLog",
+    "Notifier",
+    "check_webhook",
+    "escape_chat",
+    "redact_argv",
+    "webhook_host",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -44,10 +60,45 @@ SECRET_FLAGS = ("--notify",)
 
 def check_webhook(url: str) -> str | None:
     """Why `url` cannot be a webhook, or None: it must be an http(s) URL with a host."""
-    parsed = urllib.parse.urlsplit(url)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+    try:
+        parsed = urllib.parse.urlsplit(url)
+        parsed.port  # noqa: B018 -- raises for a port that is not a number
+    except ValueError:
+        return "is not an http(s) URL"
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
         return "is not an http(s) URL"
     return None
+
+
+def webhook_host(url: str) -> str:
+    """What logs and records may show of a webhook URL: its host and port, never its path or
+    credentials."""
+    parsed = urllib.parse.urlsplit(url)
+    host = parsed.hostname or "?"
+    try:
+        port = parsed.port
+    except ValueError:
+        port = None
+    return f"{host}:{port}" if port else host
+
+
+def _without_credentials(url: str) -> tuple[str, str | None]:
+    """(`url` without `user:password@`, the HTTP basic `Authorization` header they make, or None):
+    urllib cannot send a URL that carries them."""
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.username is None and parsed.password is None:
+        return url, None
+    netloc = parsed.netloc.rpartition("@")[2]
+    user = urllib.parse.unquote(parsed.username or "")
+    password = urllib.parse.unquote(parsed.password or "")
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return urllib.parse.urlunsplit(parsed._replace(netloc=netloc)), f"Basic {token}"
+
+
+def escape_chat(text: str) -> str:
+    """`text` with `&`, `<` and `>` escaped as Slack's message format asks, so that what a step
+    wrote reads as text, never as a mention or a link."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def redact_argv(argv: Sequence[str]) -> list[str]:
@@ -85,9 +136,11 @@ class AlertLog:
 
 
 def _post(url: str, body: bytes, timeout: float) -> None:
-    request = urllib.request.Request(
-        url, data=body, headers={"Content-Type": "application/json"}, method="POST"
-    )
+    url, authorization = _without_credentials(url)
+    headers = {"Content-Type": "application/json"}
+    if authorization:
+        headers["Authorization"] = authorization
+    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
     with urllib.request.urlopen(request, timeout=timeout) as response:
         response.read()
 
@@ -113,7 +166,15 @@ class Notifier:
         """Told of every alert: sent (and whether the webhook took it) or held back."""
         self._per_minute, self._repeat_after, self._timeout = per_minute, repeat_after, timeout
         self._clock, self._send = clock, send
-        self._where = urllib.parse.urlsplit(url).netloc  # what logs may show of the URL
+        self._where = webhook_host(url)  # what logs may show of the URL
+        parsed = urllib.parse.urlsplit(url)
+        # Every form in which the URL's secret parts could appear in an error's text.
+        self._secrets = sorted(
+            {url, _without_credentials(url)[0], parsed.path, parsed.netloc, parsed.password or ""}
+            - {"", "/"},
+            key=len,
+            reverse=True,
+        )
         self._sent: list[float] = []
         self._last: dict[tuple[str, str], float] = {}
         self._held = 0
@@ -144,14 +205,14 @@ class Notifier:
         where = f" {step}" if step else ""
         more = f" (and {held} more alert{'s' if held != 1 else ''} held back)" if held else ""
         body = {
-            "text": f"[drydock] {self._experiment}: {kind}{where}: {text}{more}",
+            "text": escape_chat(f"[drydock] {self._experiment}: {kind}{where}: {text}{more}"),
             "drydock": {"kind": kind, "experiment": self._experiment, "step": step, "run_id": self._run_id},
         }
         entry = {
             "time": now,
             "kind": kind,
             "step": step,
-            "text": body["text"],
+            "text": f"[drydock] {self._experiment}: {kind}{where}: {text}{more}",
             "delivered": None,
             "held": False,
         }
@@ -172,19 +233,36 @@ class Notifier:
             if item is None:
                 return
             body, entry = item
-            for attempt in range(3):
-                try:
-                    self._send(self._url, body, self._timeout)
-                    self.delivered += 1
-                    entry["delivered"] = True
-                    break
-                except (OSError, urllib.error.URLError, ValueError) as e:
-                    if attempt == 2:
-                        logger.warning("alert not delivered to the webhook at %s: %s", self._where, e)
-                        entry.update(delivered=False, error=str(e).replace(self._url, "<webhook>"))
-                    else:
-                        time.sleep(0.5 * (attempt + 1))
+            try:
+                self._deliver(body, entry)
+            except Exception as e:  # nothing may end the thread: the next alerts still go
+                error = self._scrub(e)
+                logger.warning("alert not delivered to the webhook at %s: %s", self._where, error)
+                entry.update(delivered=False, error=error)
             self._note(entry)
+
+    def _deliver(self, body: bytes, entry: dict[str, Any]) -> None:
+        """Send, with two retries; raises the last error."""
+        for attempt in range(3):
+            try:
+                self._send(self._url, body, self._timeout)
+            # Any exception: a reply that is not HTTP raises http.client's BadStatusLine or
+            # IncompleteRead, which are neither OSError nor ValueError.
+            except Exception:
+                if attempt == 2:
+                    raise
+                time.sleep(0.5 * (attempt + 1))
+            else:
+                self.delivered += 1
+                entry["delivered"] = True
+                return
+
+    def _scrub(self, error: BaseException) -> str:
+        """The error's text without the webhook URL, its path or its credentials."""
+        text = f"{type(error).__name__}: {error}" if not str(error) else str(error)
+        for secret in self._secrets:
+            text = text.replace(secret, "<webhook>")
+        return text
 
     def close(self, timeout: float = 30.0) -> None:
         """Send what is queued (waiting at most `timeout` seconds), then stop."""

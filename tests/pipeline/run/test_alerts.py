@@ -4,10 +4,15 @@ a secret, is in no manifest, `.step.json` or log."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -74,8 +79,6 @@ def test_a_failure_and_the_runs_end_reach_the_webhook_and_the_secret_stays_out_o
 
 
 def test_a_webhook_that_is_down_never_fails_the_run(tmp_path):
-    import socket
-
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -126,3 +129,119 @@ def test_the_rate_limit_and_the_redaction_on_their_own():
     assert check_webhook("https://hooks.slack.com/services/x") is None
     argv = ["x.py", "--notify", "https://h/secret", "--notify=https://h/s2", "--prefix", "p"]
     assert redact_argv(argv) == ["x.py", "--notify", "<redacted>", "--notify=<redacted>", "--prefix", "p"]
+
+
+@contextmanager
+def not_http(reply: bytes) -> Iterator[int]:
+    """A server on 127.0.0.1 that answers every connection with `reply` and hangs up: its port."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(reply)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        server.close()
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        b"garbage\r\n\r\n",  # http.client.BadStatusLine
+        b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort",  # http.client.IncompleteRead
+    ],
+)
+def test_a_reply_that_is_not_http_never_stops_alerting_or_the_alert_log(tmp_path, reply):
+    """Regression: such a reply raised an exception the sender did not retry, which ended its
+    thread: the run's end was never sent and no alert log written."""
+    with not_http(reply) as port:
+        result = run(tmp_path, 1, "--notify", f"http://127.0.0.1:{port}/services/{SECRET}")
+    assert result.returncode == 1, result.stderr
+    assert "Exception in thread" not in result.stderr
+    assert f"alert not delivered to the webhook at 127.0.0.1:{port}" in result.stderr
+    (log,) = (tmp_path / "prefix" / "experiments" / "alerts").glob("*.jsonl")
+    recorded = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(r["kind"], r["delivered"]) for r in recorded] == [("failed", False), ("finished", False)]
+    assert all(r["error"] and SECRET not in r["error"] for r in recorded)
+
+
+def test_credentials_in_the_webhook_url_are_sent_as_basic_auth_and_never_printed(tmp_path, webhook):
+    """Regression: the delivery error named the host as `user:password@host` (urllib cannot send
+    such a URL, so every alert failed and printed the password)."""
+    url, received = webhook
+    password = "pa55-w0rd-secret"
+    with_credentials = url.replace("http://", f"http://alerts:{password}@")
+    result = run(tmp_path, 1, "--notify", with_credentials)
+    assert result.returncode == 1, result.stderr
+    assert [m["body"]["drydock"]["kind"] for m in received] == ["failed", "finished"]
+    expected = "Basic " + base64.b64encode(f"alerts:{password}".encode()).decode()
+    assert {m["authorization"] for m in received} == {expected}
+    assert password not in result.stderr + result.stdout
+    for path in (tmp_path / "prefix").rglob("*"):
+        if path.is_file():
+            assert password not in path.read_text(errors="replace"), path
+
+    # Undeliverable: the warning and the record name the host only.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    down = tmp_path / "down"
+    down.mkdir()
+    result = run(down, 0, "--notify", f"http://alerts:{password}@127.0.0.1:{port}/services/{SECRET}")
+    assert result.returncode == 0, result.stderr
+    assert f"alert not delivered to the webhook at 127.0.0.1:{port}:" in result.stderr
+    assert password not in result.stderr and SECRET not in result.stderr
+    for path in (down / "prefix").rglob("*"):
+        if path.is_file():
+            assert password not in path.read_text(errors="replace"), path
+
+
+def test_what_a_step_wrote_cannot_ping_a_channel_or_dress_a_link(tmp_path, webhook):
+    """Regression: exception messages went into the chat text unescaped."""
+    url, received = webhook
+    exp = tmp_path / "markup.py"
+    exp.write_text(MARKUP_EXPERIMENT)
+    command = [sys.executable, "-m", "pipeline", "run", str(exp), "--backend", "local"]
+    result = subprocess.run(
+        [*command, "--notify", url, "--prefix", str(tmp_path / "prefix")],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1, result.stderr
+    failed = received[0]["body"]["text"]
+    assert "<" not in failed and ">" not in failed, failed
+    assert failed.endswith(
+        "ValueError: &lt;!channel&gt; log in again at "
+        "&lt;https://evil.example/login|the Drydock dashboard&gt; &amp; now"
+    )
+    # The run's own record keeps the text as written (the run page escapes it as HTML).
+    (log,) = (tmp_path / "prefix" / "experiments" / "alerts").glob("*.jsonl")
+    first = json.loads(log.read_text().splitlines()[0])
+    assert "<!channel> log in again" in first["text"]
+
+
+MARKUP_EXPERIMENT = """
+from pipeline import Step, executor_main, this_output, versioned
+from tests.pipeline.stepfns import FailConfig, fail
+
+message = "<!channel> log in again at <https://evil.example/login|the Drydock dashboard> & now"
+if __name__ == "__main__":
+    executor_main([Step("data/bad", fail, FailConfig(this_output(), message=versioned(message)))])
+"""
