@@ -3,8 +3,10 @@ object per document, word or n-gram.
 
 Imported on first use (`steps.data.minhash`, `steps.data.normalized`), so that declaring an
 experiment does not import numba. The first call in a process compiles (about a second) or loads
-the compiled code from numba's cache (`__pycache__` beside this file, or the user's cache
-directory where that is read-only).
+the compiled code from numba's cache: `$NUMBA_CACHE_DIR` if set, else `__pycache__` beside this
+file, else numba's directory in the user's cache (`~/.cache/numba`). Where none of them is
+writable (a read-only install in a hardened container), the kernels are compiled without a cache,
+once per process, and a warning says so.
 
 Why numba and not a native MinHash from PyPI (rensa, datasketch's C extensions): the kernels
 below compute exactly the hashes that `steps.data.minhash` defines (its numpy reference is in
@@ -14,7 +16,10 @@ that signs a list of strings per document still needs a Python object per word.
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Callable
+from typing import Any
 
 # Numba colours its error messages through colorama, which wraps sys.stdout and registers an
 # exit hook on it; under a step's log routing that hook fails at exit on a closed stream.
@@ -24,6 +29,37 @@ import numpy as np
 from numba import njit
 
 from steps.data.minhash import GRAM_BASE, LENGTH, WORD_BASE
+
+logger = logging.getLogger(__name__)
+
+CACHED: dict[str, bool] = {}
+"""Whether each kernel's compiled code is cached on disk (False: compiled once per process)."""
+
+
+def _compiled(**options: Any) -> Callable[[Callable[..., Any]], Any]:
+    """`njit(cache=True, **options)`, or without the cache where numba finds no writable place
+    for it (numba raises "cannot cache function ...: no locator available" when it decorates)."""
+
+    def decorate(fn: Callable[..., Any]) -> Any:
+        try:
+            kernel = njit(cache=True, **options)(fn)
+        except RuntimeError as e:
+            if "no locator available" not in str(e):
+                raise
+            logger.warning(
+                "numba has no writable cache for %s (not $NUMBA_CACHE_DIR, %s/__pycache__, nor the "
+                "user's cache directory): compiling it in each process, about a second; set "
+                "NUMBA_CACHE_DIR to a writable directory to keep it",
+                fn.__name__,
+                os.path.dirname(os.path.abspath(__file__)),
+            )
+            CACHED[fn.__name__] = False
+            return njit(cache=False, **options)(fn)
+        CACHED[fn.__name__] = True
+        return kernel
+
+    return decorate
+
 
 _U64 = np.uint64
 _ONE, _ZERO = _U64(1), _U64(0)
@@ -48,7 +84,7 @@ _SPACE = np.zeros(256, dtype=np.bool_)
 _SPACE[[9, 10, 11, 12, 13, 28, 29, 30, 31, 32]] = True  # what str.split() splits ASCII on
 
 
-@njit(cache=True, nogil=True)
+@_compiled(nogil=True)
 def collapse_ascii(data: np.ndarray, offsets: np.ndarray) -> int:
     """Lower-case ASCII letters and collapse every run of ASCII whitespace (as `str.split` sees it:
     tab to carriage return, the four separators 0x1C-0x1F, space) to one space, dropping it at
@@ -77,7 +113,7 @@ def collapse_ascii(data: np.ndarray, offsets: np.ndarray) -> int:
     return written
 
 
-@njit(cache=True, nogil=True)
+@_compiled(nogil=True)
 def sign_one_permutation(
     data: np.ndarray, offsets: np.ndarray, ngram: int, probes: np.ndarray, out: np.ndarray
 ) -> None:
