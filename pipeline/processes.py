@@ -15,7 +15,7 @@ import uuid
 
 from pipeline.core.lease import Owner
 
-__all__ = ["current_owner", "host_id", "pid_alive", "process_start_time"]
+__all__ = ["current_owner", "host_id", "pid_alive", "process_start_time", "runner_alive"]
 
 
 def _boot_id() -> str:
@@ -63,6 +63,18 @@ def pid_alive(pid: int, start_time: str | None) -> bool:
     if fields[0] == "Z":
         return False
     return start_time is None or fields[19] == start_time
+
+
+def runner_alive(runner: object, local_host: str) -> bool | None:
+    """Whether the runner a run manifest names (`{"host", "pid", "pid_start"}`) still lives:
+    True or False for a runner of this host, None (cannot tell from here) for another host's or a
+    manifest without one."""
+    if not isinstance(runner, dict) or runner.get("host") != local_host:
+        return None
+    try:
+        return pid_alive(int(runner["pid"]), runner.get("pid_start"))
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def current_owner() -> Owner:

@@ -57,7 +57,7 @@ COMMANDS: tuple[Command, ...] = (
         "status",
         "pipeline.cli.look",
         "status_command",
-        "drydock status FILE|MANIFEST [--watch] [--interval S] [--json] [options]",
+        "drydock status FILE|MANIFEST [--watch] [--interval S] [--wait S] [--json] [options]",
         "show what storage says about each step of FILE now\n"
         "(--watch: refresh every --interval seconds while steps run; --json)",
     ),

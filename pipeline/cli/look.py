@@ -1,6 +1,6 @@
 """The CLI commands that look at an experiment's steps instead of running them.
 
-    drydock status FILE|MANIFEST [--watch] [--interval S] [--json] [options]
+    drydock status FILE|MANIFEST [--watch] [--interval S] [--wait S] [--json] [options]
     drydock dag FILE|MANIFEST [--format mermaid|dot|svg|html] [--output PATH] [options]
     drydock explain FILE|MANIFEST STEP [options]
 
@@ -38,7 +38,7 @@ from pipeline.observe.status import (
     status_table,
     watch,
 )
-from pipeline.processes import current_owner
+from pipeline.processes import current_owner, runner_alive
 from pipeline.run.experiment import prepare
 from pipeline.run.options import resolve_prefix
 from pipeline.storage.files import Storage
@@ -73,15 +73,24 @@ class _Source:
     manifest: str | None = None
     """The run manifest of these steps (a FILE's is where its run will write it)."""
 
-    def run_going(self) -> bool:
-        """Whether the manifest is there and says its run has not finished."""
+    def run_going(self, rows: Sequence[StepStatus] = ()) -> bool:
+        """Whether the run may still be going: its manifest is there, says it has not finished,
+        and its runner may be alive, as `status` judges a step's (`rows`): on this host its
+        process lives; on another host (no process to ask) none of its steps is STALE, since a
+        runner that died leaves the leases of its running steps to expire."""
         if self.manifest is None:
             return False
         data = self.store.storage.read(self.manifest)
         try:
-            return data is not None and not json.loads(data).get("finished")
-        except (ValueError, AttributeError):
+            manifest = json.loads(data) if data is not None else None
+            if not isinstance(manifest, dict) or manifest.get("finished"):
+                return False
+        except ValueError:
             return False
+        alive = runner_alive(manifest.get("runner"), current_owner().host)
+        if alive is not None:
+            return alive
+        return not any(row.state == "STALE" for row in rows)
 
 
 def _manifest_source(target: str, options: Sequence[str]) -> _Source:
@@ -124,7 +133,7 @@ def _read(source: _Source) -> list[StepStatus]:
 
 
 def status_command(args: Sequence[str]) -> int:
-    """`drydock status FILE|MANIFEST [--watch] [--interval S] [--json] [options]`, or
+    """`drydock status FILE|MANIFEST [--watch] [--interval S] [--wait S] [--json] [options]`, or
     `drydock status --latest [--prefix P] [...]`: the newest run under the prefix."""
     if "--latest" in args:
         return guarded(_status_latest, [a for a in args if a != "--latest"])
@@ -186,10 +195,13 @@ def _status(target: str, argv: Sequence[str]) -> int:
     parser = Parser(prog="drydock status", add_help=False)
     parser.add_argument("--watch", action="store_true")
     parser.add_argument("--interval", type=float, default=2.0)
+    parser.add_argument("--wait", type=float, default=60.0)
     parser.add_argument("--json", action="store_true")
     known, options = parser.parse_known_args(list(argv))
     if known.interval <= 0:
         raise StepDeclarationError(None, "must be positive", field="--interval")
+    if known.wait < 0:
+        raise StepDeclarationError(None, "must not be negative", field="--wait")
     if known.json and known.watch:
         raise StepDeclarationError(
             None, "--watch shows a live table; it cannot be combined with --json", field="--watch"
@@ -212,6 +224,7 @@ def _status(target: str, argv: Sequence[str]) -> int:
                     interval=known.interval,
                     title=source.title,
                     run_going=source.run_going,
+                    wait_for_start=known.wait,
                 )
             return 0
         console.print(status_table(_read(source), now=time.time(), title=source.title))

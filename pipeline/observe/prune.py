@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pipeline.core.lease import CLOCK_SKEW, is_stale
 from pipeline.core.records import Event
 from pipeline.errors import StepDeclarationError, StorageError
-from pipeline.processes import pid_alive
+from pipeline.processes import pid_alive, runner_alive
 from pipeline.storage.files import Storage
 from pipeline.storage.layout import (
     MANIFEST_DIR,
@@ -158,10 +158,7 @@ def running_labels(storage: Storage, prefix: str, local_host: str) -> dict[str, 
             manifest = json.loads(storage.read(f"{directory}/{name}") or b"")
             if manifest.get("finished", True):
                 continue
-            runner = manifest.get("runner") or {}
-            if runner.get("host") == local_host and not pid_alive(
-                int(runner["pid"]), runner.get("pid_start")
-            ):
+            if runner_alive(manifest.get("runner"), local_host) is False:
                 continue  # killed on this machine: nothing runs for it any more
             why = f"needed by run {manifest.get('run_id')} of {name} (not finished)"
             for step in manifest["steps"]:

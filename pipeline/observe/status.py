@@ -332,15 +332,16 @@ def watch(
     *,
     interval: float,
     title: str,
-    run_going: Callable[[], bool] = lambda: False,
+    run_going: Callable[[list[StepStatus]], bool] = lambda rows: False,
     wait_for_start: float = 60.0,
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
 ) -> list[StepStatus]:
     """Show the status table and refresh it every `interval` seconds while the run goes on.
 
-    The run goes on while a step is RUNNING or `run_going()` (its manifest says it has not
-    finished). Otherwise the watch ends at once if every step is done; if not, it waits up to
+    The run goes on while a step is RUNNING or `run_going(rows)` (its manifest says it has not
+    finished and its runner may be alive: a killed runner's run is over, though its manifest
+    never says so). Otherwise the watch ends at once if every step is done; if not, it waits up to
     `wait_for_start` seconds for a run to begin (a watch started just before the run is).
     Returns the last rows read. Ctrl-C propagates to the caller (which treats it as "stop watching").
     """
@@ -351,7 +352,7 @@ def watch(
     with Live(console=console, auto_refresh=False, transient=False) as live:
         while True:
             now = clock()
-            going = any(row.state == Event.RUNNING for row in rows) or run_going()
+            going = any(row.state == Event.RUNNING for row in rows) or run_going(rows)
             done = all(row.state == Event.SUCCESS for row in rows)
             waiting = not going and not done and now - began < wait_for_start
             note = f"waiting up to {wait_for_start:g}s for a run to start; " if waiting else ""

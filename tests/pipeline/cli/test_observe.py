@@ -119,7 +119,9 @@ def test_status_table_json_and_manifest(tmp_path):
     assert {s["state"] for s in from_manifest["steps"]} == {"SUCCEEDED"}  # as the run recorded it
 
 
-def test_status_watch_follows_a_run_until_it_ends(tmp_path):
+def start_held_run(tmp_path: Path) -> tuple[Path, Path, Path, subprocess.Popen]:
+    """A run of `experiment` whose training waits for its release file: (the experiment file, the
+    prefix, the release file, the runner)."""
     release = tmp_path / "release"
     exp, prefix = experiment(tmp_path, release=str(release)), tmp_path / "prefix"
     runner = subprocess.Popen(
@@ -130,6 +132,11 @@ def test_status_watch_follows_a_run_until_it_ends(tmp_path):
         env=env(),
         cwd=ROOT,
     )
+    return exp, prefix, release, runner
+
+
+def test_status_watch_follows_a_run_until_it_ends(tmp_path):
+    exp, prefix, release, runner = start_held_run(tmp_path)
     try:
         wait_for(lambda: list(prefix.glob("train/b-*/.progress")), "the training step to report progress")
         running = json.loads(drydock("status", str(exp), "--prefix", str(prefix), "--json").stdout)
@@ -223,3 +230,22 @@ def test_gc_and_pin(tmp_path):
     assert drydock("gc", *keep, "--yes").returncode == 0 and not a2.exists()
     bad = drydock("gc", "--prefix", str(prefix), "--older-than", "soon")
     assert bad.returncode == 2 and "--older-than" in bad.stderr
+
+
+def test_status_watch_of_a_killed_run_ends_after_the_wait(tmp_path):
+    """Regression: after `kill -9` of the driver its manifest says `finished: false` for ever, and
+    `status MANIFEST --watch` redrew for ever though plain `status` shows the step STALE."""
+    _exp, prefix, _release, runner = start_held_run(tmp_path)
+    try:
+        wait_for(lambda: list(prefix.glob("train/b-*/.progress")), "the training step to report progress")
+    finally:
+        runner.kill()
+        runner.communicate(timeout=60)
+    (manifest,) = (prefix / "experiments").glob("*.json")
+    assert json.loads(manifest.read_text())["finished"] is False
+    watch = [sys.executable, "-m", "pipeline", "status", str(manifest), "--watch", "--interval", "0.2"]
+    watcher = subprocess.run(
+        [*watch, "--wait", "2"], capture_output=True, text=True, env=env(), cwd=ROOT, timeout=60
+    )
+    assert watcher.returncode == 0, watcher.stderr
+    assert "STALE" in watcher.stdout

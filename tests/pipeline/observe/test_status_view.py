@@ -217,7 +217,7 @@ def test_a_watch_started_before_the_run_waits_for_it_and_follows_it_to_the_end(t
 
     console = Console(file=io.StringIO(), width=250, record=True, force_terminal=False)
     # The run's manifest says it goes on until its end ("between": its step is done, the run is not).
-    going = lambda: phase["now"] in ("running", "between")  # noqa: E731
+    going = lambda rows: phase["now"] in ("running", "between")  # noqa: E731
     rows = watch(
         load, console, interval=1.0, title="t", run_going=going, clock=lambda: clock["t"], sleep=sleep
     )
