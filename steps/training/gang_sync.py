@@ -8,7 +8,7 @@ collective forever. So no process acts on such a decision alone: each decision i
 shared through a collective that every process enters at the same point of the program, and
 only then acted upon, by all of them the same way.
 
-    join_gang(gang)          jax.distributed from the gang's coordinates (Levanter's DistributedConfig)
+    join_gang(gang)          jax.distributed from the gang's coordinates, bound to the node's address
     exchange(row)            every process's row of small integers, to every process
     agree_any(flag)          True on every process if it is True on any
     barrier(name)            wait until every process got here
@@ -45,12 +45,16 @@ def join_gang(gang: Gang) -> None:
         return
     if gang.platform == "cpu":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    DistributedConfig(
-        coordinator_address=gang.coordinator,
-        num_processes=gang.size,
-        process_id=gang.index,
-        local_device_ids=_local_devices(gang),
-    ).initialize()
+    # Levanter's DistributedConfig.initialize, less its Slurm look-ups (the gang names everything)
+    # and with the coordinator bound to its node's address: JAX binds every interface otherwise.
+    jax.distributed.initialize(
+        gang.coordinator,
+        gang.size,
+        gang.index,
+        _local_devices(gang),
+        initialization_timeout=30 * 60,
+        coordinator_bind_address=gang.coordinator,
+    )
     # In the attempt's log of each host: which process this is, and with whom.
     print(
         f"train: process {gang.index} of {gang.size} joined the gang (coordinator {gang.coordinator}, "
