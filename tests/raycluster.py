@@ -1,35 +1,38 @@
-"""A real multi-node Ray cluster on this machine, for tests: `ray start --head` plus worker nodes,
-each on its own loopback address (127.0.0.2, .3, ...), like separate hosts. Ray rewrites
-127.0.0.1 itself to the machine's network address, but not the rest of 127/8."""
+"""A real multi-node Ray cluster on this machine, for tests: what `drydock cluster start` starts
+(`pipeline.run.backends.local_cluster`): a head and worker nodes, each on its own loopback address
+(127.0.0.2, .3, ...) like separate hosts, with a token of their own; stopped node by node."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import socket
-import subprocess
-import sys
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+from pipeline.run.backends.local_cluster import (
+    ClusterSpec,
+    WorkerNode,
+    auth_env,
+    find_cluster,
+    start_cluster,
+    stop_cluster,
+)
+
 ROOT = Path(__file__).resolve().parents[1]
-RAY = str(Path(sys.executable).with_name("ray"))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def ray_env() -> dict[str, str]:
-    """The environment of the cluster's processes and of drivers that join it: this repository
-    importable (workers import step functions from it), no auth token, no stray address."""
+def ray_env(address: str | None = None) -> dict[str, str]:
+    """The environment of drivers: this repository importable, no stray address, no token for a
+    private instance; with `address`, the token of the cluster there (a `drydock run` finds it
+    itself; a plain `ray.init` needs it)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
     env["RAY_AUTH_MODE"] = "disabled"
     env.pop("RAY_ADDRESS", None)
+    cluster = find_cluster(address) if address else None
+    if cluster is not None:
+        env.update(auth_env(cluster))
     return env
 
 
@@ -38,26 +41,22 @@ def ray_cluster(
     workers: Sequence[tuple[Mapping[str, float], str | None]], head_cpus: int = 1, worker_cpus: int = 1
 ) -> Iterator[str]:
     """Start a head node and one worker node per `(custom resources, slice label or None)`;
-    yield the cluster's address; stop every node afterwards."""
+    yield the cluster's address; stop exactly its nodes afterwards."""
     import ray
 
     if ray.is_initialized():
         ray.shutdown()
-    port = free_port()
-    address = f"127.0.0.2:{port}"
-    head = [RAY, "start", "--head", "--node-ip-address", "127.0.0.2", "--port", str(port)]
-    head += ["--include-dashboard", "false", "--num-cpus", str(head_cpus), "--disable-usage-stats"]
-    subprocess.run(head, check=True, env=ray_env(), capture_output=True, timeout=180)
+    nodes = tuple(
+        WorkerNode(
+            cpus=worker_cpus,
+            resources=dict(resources),
+            labels={"ray.io/tpu-slice-name": slice_name} if slice_name else {},
+        )
+        for resources, slice_name in workers
+    )
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    cluster = start_cluster(name, ClusterSpec(head_cpus=head_cpus, nodes=nodes), cwd=str(ROOT))
     try:
-        # One at a time: on two cores, raylets started together time out registering with the GCS.
-        for i, (resources, slice_name) in enumerate(workers, start=3):
-            command = [RAY, "start", "--address", address, "--node-ip-address", f"127.0.0.{i}"]
-            command += ["--num-cpus", str(worker_cpus), "--disable-usage-stats"]
-            if resources:
-                command += ["--resources", json.dumps(dict(resources))]
-            if slice_name:
-                command += ["--labels", f"ray.io/tpu-slice-name={slice_name}"]
-            subprocess.run(command, check=True, env=ray_env(), capture_output=True, timeout=180)
-        yield address
+        yield cluster.address
     finally:
-        subprocess.run([RAY, "stop", "--force"], env=ray_env(), capture_output=True, timeout=120)
+        stop_cluster(name)

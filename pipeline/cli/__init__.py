@@ -10,6 +10,7 @@
     drydock gc [--prefix P] ...       list (and delete) step outputs no kept manifest references
     drydock pin PATH|LABEL            protect a step output from `drydock gc`
     drydock adopt FILE STEP FROM      commit an existing directory as STEP's output
+    drydock cluster start|stop|list   a Ray cluster on this machine, to try gangs of hosts
     drydock dashboard [--prefix P]    a read-only web page of the prefix
 
 Wherever FILE is accepted, a run manifest (`<prefix>/experiments/<name>-<hash>.json`, a local
@@ -113,6 +114,14 @@ COMMANDS: tuple[Command, ...] = (
         "drydock adopt FILE|MANIFEST STEP FROM [options]",
         "commit an existing directory FROM (made before Drydock, or by hand) as the output of STEP\n"
         "under its identity, so the steps downstream build on it; recorded as adopted and pinned",
+    ),
+    Command(
+        "cluster",
+        "pipeline.cli.cluster",
+        "cluster_command",
+        "drydock cluster start [--workers N] [--cpus C] [--gpus G] [--name NAME] | stop [NAME] | list",
+        "a Ray cluster on this machine (a head and N worker nodes on loopback addresses, its token\n"
+        "handled) to try gangs of hosts; `stop` stops exactly the nodes it started",
     ),
     Command(
         "dashboard",

@@ -49,9 +49,10 @@ import contextlib
 import faulthandler
 import logging
 import os
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn, TypeVar
 
 import ray
@@ -68,6 +69,7 @@ from pipeline.core.plan import Plan, State
 from pipeline.core.tpu import TpuSlice, tpu_slice
 from pipeline.errors import StepCancelled, StepDeclarationError, StepFailed, StepPreempted
 from pipeline.run.backends.base import Backend, StepTask
+from pipeline.run.backends.local_cluster import auth_env, find_cluster
 from pipeline.run.backends.ray_resources import (
     SLICE_LABEL,
     follower_shortfalls,
@@ -77,9 +79,11 @@ from pipeline.run.backends.ray_resources import (
     unsatisfiable,
 )
 from pipeline.run.backends.ray_support import (
+    captured_stderr,
     check_reachable,
     free_port,
     gang_env,
+    join_error,
     plain_text,
     private_ip,
     quiet_auth_notice,
@@ -161,6 +165,44 @@ def _region_from_node() -> None:
         os.environ["DRYDOCK_REGION"] = region  # the worker stays on this node: this stays true
 
 
+def _set_env(values: Mapping[str, str | None]) -> dict[str, str | None]:
+    """Set (None: unset) environment variables that Ray reads for authentication, and make Ray see
+    them, as its own authentication_token_setup does (the mode is read into RayConfig and the token
+    cached, both before the environment changed). Returns the values they had."""
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    before = {k: os.environ.get(k) for k in values}
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+    return before
+
+
+def _join(address: str, kwargs: dict[str, Any]) -> dict[str, str | None] | None:
+    """Connect this driver to the cluster at `address`. A cluster `drydock cluster start` made on
+    this machine lends its token (returns the environment to restore after the run); a refusal
+    is one line, not a minute of Ray's retries and a traceback."""
+    cluster = find_cluster(address)
+    restore = _set_env(auth_env(cluster)) if cluster is not None else None
+    failed: BaseException | None = None
+    with captured_stderr() as said:
+        try:
+            ray.init(address=address, **kwargs)
+        except Exception as e:  # ConnectionError, or Ray's RuntimeErrors about versions
+            failed = e
+    if failed is not None:
+        if restore is not None:
+            _set_env(restore)
+        raise join_error(address, failed, said()) from failed
+    if said().strip():
+        sys.stderr.write(said())  # what Ray said while joining, now that it joined
+    return restore
+
+
 class RayBackend(Backend):
     """Runs steps as Ray tasks on a local instance or a cluster."""
 
@@ -188,12 +230,13 @@ class RayBackend(Backend):
         address = address or os.environ.get("RAY_ADDRESS") or None
         self._owns_ray = False
         self._address = address
+        self._restore_env: dict[str, str | None] | None = None
         if not ray.is_initialized():
             # Steps' output goes to their attempt logs (`.logs/`); the console gets it with --verbose.
             kwargs: dict[str, Any] = {"log_to_driver": verbose, "logging_level": logging.WARNING}
             if address:
                 check_reachable(address)
-                ray.init(address=address, **kwargs)
+                self._restore_env = _join(address, kwargs)
             else:
                 # A private instance for this run ("local": never join another instance that
                 # happens to run on this machine), advertised on a loopback address. Ray turns
@@ -440,6 +483,9 @@ class RayBackend(Backend):
     def close(self) -> None:
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
+        if self._restore_env is not None:  # a later Ray of this process is not this cluster's
+            _set_env(self._restore_env)
+            self._restore_env = None
 
 
 def _settle(refs: list[ray.ObjectRef], timeout: float) -> list[BaseException]:

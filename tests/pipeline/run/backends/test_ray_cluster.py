@@ -74,7 +74,7 @@ def node_labels(address: str) -> dict[str, str]:
                           for n in ray.nodes() if n["Alive"]}}))
     """)
     out = subprocess.run(
-        [sys.executable, "-c", code], env=ray_env(), capture_output=True, text=True, check=True
+        [sys.executable, "-c", code], env=ray_env(address), capture_output=True, text=True, check=True
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
