@@ -224,7 +224,9 @@ def resolve_curve(
     eval_steps: Sequence[int] = (),
 ) -> Curve:
     """The curve a training compares its evaluations with. From a fit, the law's loss at every
-    step of `eval_steps` and at `CURVE_POINTS` steps spread over the run. Raises `PredictionError`
+    step of `eval_steps` and at `CURVE_POINTS` steps spread over the run, from the step where the
+    training has seen as many tokens as the fit's smallest grid point (the law says nothing
+    before it). Raises `PredictionError`
     when the fit has no fit.json or predicts another model size or token count."""
     from steps.scaling.fit import active_non_embedding_params
 
@@ -243,8 +245,13 @@ def resolve_curve(
         )
     fit = read_json(os.path.join(fit_dir, "fit.json"))
     predict = _predictor(fit["methods"][summary["method"]])
-    spread = {max(1, round(num_steps * (i + 1) / CURVE_POINTS)) for i in range(CURVE_POINTS)}
-    steps = sorted({s for s in eval_steps if 0 < s <= num_steps} | spread)
+    # The law speaks for token counts like the grid's: before the grid's smallest D it is an
+    # extrapolation to nothing (at 6 steps, 272 nats where guessing gives ln V), so the curve
+    # starts at the step where the training has seen that many tokens.
+    grid_tokens = [int(row["tokens"]) for row in fit.get("points", ()) if row.get("tokens")]
+    first = min(num_steps, math.ceil(min(grid_tokens) / tokens_per_step)) if grid_tokens else 1
+    spread = {max(first, round(num_steps * (i + 1) / CURVE_POINTS)) for i in range(CURVE_POINTS)}
+    steps = sorted({s for s in eval_steps if first <= s <= num_steps} | spread)
     final = predict(n, tokens)
     # The law at the run's end is the fit's own prediction; the band is its interval as a ratio.
     low, high = summary["low"] / summary["loss"], summary["high"] / summary["loss"]

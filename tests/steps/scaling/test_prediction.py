@@ -150,7 +150,10 @@ def test_the_curve_from_a_fit_ends_at_its_prediction_with_its_interval(tmp_path)
     assert (low, high) == pytest.approx((target["interval"]["low"], target["interval"]["high"]), rel=1e-9)
     assert curve.source == f"{target['method']} fit of scaling/ladder" and curve.patience == 2
     steps = [p[0] for p in curve.points]
-    assert {25, 50, 75, 100} <= set(steps) and steps == sorted(steps)
+    assert {50, 75, 100} <= set(steps) and steps == sorted(steps)
+    # It starts where the training has seen the grid's smallest D (2e4 tokens: step 40 of 512
+    # tokens), not at the law's extrapolation to a handful of tokens (25 is before it).
+    assert steps[0] == math.ceil(2e4 / (BATCH * SEQ)) == 40 and 25 not in steps
     losses = [p[1] for p in curve.points]
     assert all(a > b for a, b in itertools.pairwise(losses)), "more tokens, lower loss"
     # The band is the target's interval, as a ratio, at every step.
@@ -299,9 +302,12 @@ def test_a_training_off_its_prediction_warns_alerts_and_shows_it(tmp_path, webho
     assert curve["final"]["loss"] == pytest.approx(fit["predicted_loss"])
     assert curve["source"] == f"{fit['method']} fit of scaling/ladder"
     # Every evaluation was far above the band: the second in a row made one warning, one event
-    # line, one alert; the later ones, still outside, none.
+    # line, one alert; the later ones, still outside, none. The curve starts where the training has
+    # seen the grid's smallest D (4e3 tokens), so the evaluation at step 5 is not compared: the
+    # second in a row is at step 15.
+    assert curve["points"][0][0] == math.ceil(4e3 / (8 * 64)) == 8
     events = [e for e in read_events(str(run / "metrics.jsonl")) if e["event"] == "off_prediction"]
-    assert len(events) == 1 and events[0]["step"] == 10 and events[0]["loss"] > events[0]["high"]
+    assert len(events) == 1 and events[0]["step"] == 15 and events[0]["loss"] > events[0]["high"]
     status = (run / ".status").read_text()
     assert "above the predicted" in status and "2 evaluations in a row outside the interval" in status
     kinds = [m["body"]["drydock"]["kind"] for m in received]
