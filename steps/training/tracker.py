@@ -120,6 +120,8 @@ class JsonlTracker(Tracker):
             self._append(dict(branch))
             self._events.append(dict(branch))
         self._recent: deque[tuple[int, float]] = deque(maxlen=RATE_WINDOW)
+        self._reported: tuple[int, int | None, float] | None = None
+        """(done, total, loss) of the last progress report, to report again after an evaluation."""
         self._latest: dict[str, float] = {}
         # The predicted eval loss: a resumed attempt catches up on the evaluations already made.
         self._prediction = None if prediction is None else PredictionWatch(prediction)
@@ -158,7 +160,8 @@ class JsonlTracker(Tracker):
             self._spiked(record["step"], float(loss), kind)  # type: ignore[arg-type]
         if record.get("optim/skipped_step") == 1:
             self._skipped(record)
-        if self._prediction is not None and _finite(flat.get("eval/loss")):
+        compared = self._prediction is not None and _finite(flat.get("eval/loss"))
+        if compared:
             self._compare(record["step"], float(flat["eval/loss"]))
         for key, short in (("throughput/tokens_per_second", "tokens_per_second"), ("throughput/mfu", "mfu")):
             if isinstance(record.get(key), int | float):
@@ -169,7 +172,15 @@ class JsonlTracker(Tracker):
             fraction = record.get("run_progress")
             total = round(record["step"] / fraction) if isinstance(fraction, float) and fraction > 0 else None
             done = record["step"] + 1
+            self._reported = (done, total, float(loss))
             figures = self._figures(done, total, float(loss), record["wall_time"])
+            step_events.progress(done, total, "steps", data=figures, context=self._context)
+        elif compared and self._reported is not None:
+            # An evaluation logged on its own (Levanter's hook, after the step's loss; the final
+            # one after the last step): the report carries it too, so status shows the same
+            # evaluation as the run page, not the one before it.
+            done, total, last_loss = self._reported
+            figures = self._figures(done, total, last_loss, record["wall_time"])
             step_events.progress(done, total, "steps", data=figures, context=self._context)
 
     def _figures(self, done: int, total: int | None, loss: float, now: float) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from steps.scaling.prediction import (
     predicted_by,
     resolve_curve,
 )
-from steps.training.metrics import read_events
+from steps.training.metrics import read_events, read_metrics
 from steps.training.models import TINY_MOE, tiny_moe
 from tests.steps.tiny import train
 
@@ -320,3 +320,8 @@ def test_a_training_off_its_prediction_warns_alerts_and_shows_it(tmp_path, webho
     shown = drydock("status")
     assert shown.returncode == 0, shown.stderr
     assert "above prediction (" in shown.stdout and "evals outside)" in shown.stdout
+    # Status speaks of the last evaluation, as the run page does (it spoke of the one before the
+    # final one, logged after the last progress report).
+    evaluated = [r["step"] for r in read_metrics(str(run / "metrics.jsonl")) if "eval/loss" in r]
+    report = json.loads((run / ".progress").read_text())
+    assert report["data"]["prediction"]["step"] == evaluated[-1], (report["data"]["prediction"], evaluated)
