@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Query, Request
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
@@ -256,6 +256,14 @@ def create_app(prefix: str, allowed_hosts: Sequence[str] = ()) -> FastAPI:
             return error_page(request, 404, str(e))
         return page(request, "log.html", label=label, name=name, text=text, cut=cut)
 
+    @app.get("/steps/{label:path}/figures/{name}")
+    def figure(request: Request, label: str, name: str) -> Response:
+        try:
+            png = step_data.read_figure(storage, prefix, label, name)
+        except data.NotFound as e:
+            return error_page(request, 404, str(e))
+        return Response(png, media_type="image/png", headers={"X-Content-Type-Options": "nosniff"})
+
     @app.get("/steps/{label:path}", response_class=HTMLResponse)
     def step(request: Request, label: str, experiment: str | None = None) -> HTMLResponse:
         try:
@@ -332,6 +340,7 @@ def _step_context(storage: Storage, prefix: str, detail: data.StepDetail) -> dic
         "last_router": _last_router(detail.metrics),
         "hyperparameters": _hyperparameters(info),
         "inputs": _inputs(info, prefix),
+        "figures": step_data.figures_of(detail.files),
         "failure": _failure(detail),
         "refresh": REFRESH_SECONDS if detail.state == "RUNNING" and not detail.stale else None,
     }

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pipeline.core.identity import HASH_CHARS
@@ -188,6 +188,28 @@ def read_log(storage: Storage, prefix: str, label: str, name: str) -> tuple[str,
         raise NotFound(f"step {label} has no log {name!r} inside the prefix")
     cut = len(data) > MAX_LOG_BYTES
     return data[-MAX_LOG_BYTES:].decode("utf-8", errors="replace"), cut
+
+
+MAX_FIGURE_BYTES = 8 * 1024 * 1024
+"""The largest figure a step page shows."""
+
+
+def figures_of(files: Sequence[str]) -> list[str]:
+    """The step's own figures among its top-level output files: PNG images (a fit's `fit.png`, an
+    evaluation's `curves.png`), shown on its page. PNG only: an SVG can carry script."""
+    return [name for name in files if name.lower().endswith(".png")]
+
+
+def read_figure(storage: Storage, prefix: str, label: str, name: str) -> bytes:
+    """A figure of the step (a name `figures_of` gives for its output files), at most
+    `MAX_FIGURE_BYTES`."""
+    directory = _check_label(storage, prefix, label)
+    if name not in figures_of([n for n in storage.listdir(directory) if is_payload(n)]):
+        raise NotFound(f"step {label} has no figure {name!r}")
+    data = storage.read(f"{directory}/{name}")
+    if data is None or len(data) > MAX_FIGURE_BYTES or not data.startswith(b"\x89PNG\r\n\x1a\n"):
+        raise NotFound(f"step {label} has no figure {name!r} inside the prefix that is a PNG under 8 MiB")
+    return data
 
 
 def _read_all(storage: Storage) -> Callable[[list[str]], list[bytes | None]]:

@@ -391,3 +391,32 @@ def test_the_dashboard_leaves_out_a_field_that_does_not_apply():
         "inapplicable": ["optimizer.adam_learning_rate"],
     }
     assert _hyperparameters(info) == [("optimizer.name", "adamw"), ("optimizer.learning_rate", 3e-3)]
+
+
+# A 1x1 PNG.
+PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c489"
+    "0000000d4944415478da63f8cfc0f01f0005000201a5a0a8b40000000049454e44ae426082"
+)
+
+
+def test_a_steps_figures_are_shown_on_its_page_and_served_as_png_only(dashboard, runs):
+    """A fit's `fit.png` (or any PNG a step writes at its top level) is on its page and linked;
+    nothing else is served as a figure."""
+    label = runs.label(runs.demo, "train/tiny")
+    step_dir = os.path.join(runs.prefix, label)
+    written = {"fit.png": PNG, "fake.png": b"<script>alert(1)</script>", "notes.txt": b"text"}
+    for name, data in written.items():
+        with open(os.path.join(step_dir, name), "wb") as f:
+            f.write(data)
+    try:
+        page = get(dashboard, f"/steps/{label}").text
+        assert f'<img src="/steps/{label}/figures/fit.png" alt="fit.png"' in page
+        figure = get(dashboard, f"/steps/{label}/figures/fit.png")
+        assert figure.status_code == 200 and figure.content == PNG
+        assert figure.headers["content-type"] == "image/png"
+        for name in ("fake.png", "notes.txt", "..%2F..%2Fsecret.png", "missing.png"):
+            assert get(dashboard, f"/steps/{label}/figures/{name}").status_code == 404, name
+    finally:
+        for name in written:
+            os.unlink(os.path.join(step_dir, name))
