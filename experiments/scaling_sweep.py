@@ -99,8 +99,12 @@ def build(
     warmup_steps: int = WARMUP_STEPS,
     cooldown: float = COOLDOWN,
     max_epochs: float = 3,
+    data: Step | None = None,
 ) -> list[Step]:
     """The sweep's final step (the fit); every training and evaluation hangs off it.
+
+    `data`: a mixture step of your own corpus (`mixture_step`, sized for at least the longest
+    budget), whose validation sets the evaluations read; None: the demo corpus (`sweep_mixture`).
 
     Per size, one run of the longest budget is trained (its own cooldown at its end), and every
     shorter budget is a cooldown branch of it: it starts from the long run's checkpoint where its
@@ -109,7 +113,7 @@ def build(
     so it is that run, for the price of its cooldown. Raises `StepDeclarationError` naming the
     training step if a run is longer than the mixture.
     """
-    mixture = sweep_mixture(
+    mixture = data or sweep_mixture(
         batch_size=batch_size, seq_len=seq_len, mixture_steps=mixture_steps, max_epochs=max_epochs
     )
     spec = sweep_optimizer(warmup_steps, cooldown)

@@ -138,3 +138,37 @@ def test_reduced_sweep_fits_predicts_and_reruns_cached(tmp_path):
     steps = json.loads(second.stdout)["steps"]
     assert len(steps) == 2 + 1 + 13 + 13 + 1  # tokenize x2, mixture, train x13, evaluate x13, fit
     assert {s["state"] for s in steps} == {"CACHED"}
+
+
+def test_a_ladder_on_your_own_corpus_is_one_call(tmp_path):
+    """`build(data=...)` trains and evaluates every rung on the mixture given, not the demo's."""
+    from pipeline.core.dag import build_dag
+    from steps.data.mixture import mixture_step
+    from steps.data.tokenize import tokenize_step
+
+    for name in ("code", "docs"):
+        for split in ("train", "validation"):
+            (tmp_path / name).mkdir(exist_ok=True)
+            (tmp_path / name / f"{split}-0.jsonl").write_text(json.dumps({"text": f"{name} {split}"}) + "\n")
+    own = {
+        name: tokenize_step(
+            f"tokenized/mine-{name}",
+            train=[str(tmp_path / name / "train-*.jsonl")],
+            validation=[str(tmp_path / name / "validation-*.jsonl")],
+            tokenizer=str(ROOT / "data" / "tokenizer"),
+        )
+        for name in ("code", "docs")
+    }
+    mine = mixture_step(
+        "mixture/mine", components=own, weights={"code": 0.5, "docs": 0.5}, target_tokens=1000 * 8 * 128,
+        batch_size=8, seq_len=128, validation=["code", "docs"],
+    )  # fmt: skip
+    (fit,) = build(sizes=(24, 32, 40), budgets=(250, 500), target=(64, 500), data=mine)
+    dag = build_dag([fit], "/prefix")
+    names = {node.name for node in dag.nodes.values()}
+    assert "mixture/mine" in names and "tokenized/mine-code" in names
+    assert not {"mixture/scaling", "tokenized/prose", "tokenized/arithmetic"} & names
+    trainings = [n for n in dag.nodes.values() if n.name.startswith(("train/", "evaluate/"))]
+    assert len(trainings) == 2 * (3 * 2 + 1)
+    mixture_label = next(label for label, node in dag.nodes.items() if node.name == "mixture/mine")
+    assert all(mixture_label in node.deps for node in trainings if node.name.startswith("evaluate/"))
