@@ -88,7 +88,7 @@ COMMANDS: tuple[Command, ...] = (
         "compare",
         "pipeline.cli.compare",
         "compare_command",
-        "drydock compare RUN [RUN ...] [--prefix P] [--sort METRIC [--desc]] [--json | --csv]",
+        "drydock compare RUN [RUN ...] [--prefix P] [--sort METRIC [--desc]] [--all | --json | --csv]",
         "runs side by side (RUN: a manifest, an experiment file or a step directory): one row per\n"
         "training, the versioned fields that differ among them, then the metrics each recorded",
     ),

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import textwrap
 from collections.abc import Sequence
 
 from rich.console import Console
@@ -39,7 +41,7 @@ from pipeline.storage.step_store import StepStore
 
 __all__ = ["compare_command"]
 
-USAGE = "drydock compare RUN [RUN ...] [--prefix P] [--sort METRIC [--desc]] [--json | --csv]"
+USAGE = "drydock compare RUN [RUN ...] [--prefix P] [--sort METRIC [--desc]] [--all | --json | --csv]"
 
 
 def compare_command(args: Sequence[str]) -> int:
@@ -55,6 +57,7 @@ def _compare(argv: list[str]) -> int:
     parser.add_argument("--desc", action="store_true")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--csv", action="store_true")
+    parser.add_argument("--all", action="store_true")
     known = parser.parse_args(argv)
     if not known.runs:
         raise StepDeclarationError(None, f"give at least one run: {USAGE}", field="RUN")
@@ -86,16 +89,25 @@ def _compare(argv: list[str]) -> int:
     elif known.csv:
         sys.stdout.write(rows_csv(rows))
     else:
-        header, body = table_rows(rows)
+        # The terminal's width ($COLUMNS, else 100 off a terminal): what differs first, and a line
+        # naming what did not fit (--all shows every column, --json and --csv everything).
+        width = shutil.get_terminal_size((100, 24)).columns
+        header, body, left_out = table_rows(rows, width=None if known.all else width)
         noun = "row" if len(rows) == 1 else "rows"
         table = Table(title=f"{len(rows)} {noun} compared", title_justify="left")
+        names = {"run", "step"}
         for i, name in enumerate(header):
             # Run and step names whole (never cut with an ellipsis); long headers fold.
-            width = label_width(row[i] for row in body) if i < 2 else None
-            table.add_column(name, justify="left" if i < 2 else "right", min_width=width, overflow="fold")
+            whole = name in names and i < 2
+            fixed = label_width(row[i] for row in body) if whole else None
+            table.add_column(name, justify="left" if whole else "right", min_width=fixed, overflow="fold")
         for cells in body:
             table.add_row(*cells)
-        Console(width=None if sys.stdout.isatty() else 1000, soft_wrap=False).print(table)
+        Console(width=None if known.all else width, soft_wrap=known.all).print(table)
+        if left_out:
+            shown = ", ".join(left_out[:8]) + (f" and {len(left_out) - 8} more" if len(left_out) > 8 else "")
+            note = f"{len(left_out)} more columns did not fit ({shown}): --all shows them; --csv, --json"
+            print(textwrap.fill(note, width=width))
     return 0
 
 

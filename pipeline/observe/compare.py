@@ -5,12 +5,16 @@ flat mapping of names to numbers: a final training loss, an evaluation's losses,
 recorded with the step's SUCCESS. `drydock compare` and the dashboard's compare page read those
 records, so neither imports step code.
 
-Rows: every step with recorded metrics whose upstream steps have none, e.g. each training of a
-run, or of a sweep. A step with metrics downstream of exactly one such row step (an evaluation of
-that training) adds its metrics to that row; a name already there gets the step's name in front.
-Params: the row step's versioned fields, and those of every step upstream of it (prefixed with
-that step's name), flattened to `a.b.c` paths; only the ones that differ among the rows are
-shown, like `dvc exp show`.
+Rows: every step with recorded metrics whose upstream steps with metrics are none, or only steps
+of its own function: each training of a run or a sweep, a cooldown branch of a training included
+(it reads its trunk's checkpoint, and is a training of its own). A step with metrics downstream of
+exactly one row step and of another function (an evaluation of that training) adds its metrics to
+that row; a name already there gets the step's name in front.
+Params: the row step's versioned fields, and those of every step its identity is made of (prefixed
+with that step's name), flattened to `a.b.c` paths; only the ones that differ among the rows are
+shown, like `dvc exp show`. An upstream that does not enter the identity (the scaling fit whose
+prediction a training is compared with) brings no params: its hundreds of fields say nothing
+about how the rows differ.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ __all__ = [
     "compare_rows",
     "differing_params",
     "group_of",
+    "leading_params",
     "loss_curves",
     "manifest_steps",
     "merge_shared",
@@ -70,6 +75,8 @@ class Row:
     output_path: str
     params: Mapping[str, Any] = field(default_factory=dict)
     metrics: Mapping[str, float | None] = field(default_factory=dict)
+    own: frozenset[str] = frozenset()
+    """The params that are the row step's own fields (the rest come from its upstream steps)."""
 
 
 def manifest_steps(manifest: Mapping[str, Any], run: str, root: str) -> list[CompareStep]:
@@ -105,15 +112,20 @@ def compare_rows(steps: Sequence[CompareStep], store: StepStore) -> list[Row]:
         if (found := recorded_metrics(records[s.output_path])) is not None
     }
     versioned = {key: _versioned(records[s.output_path]) for key, s in by_label.items()}
+    function = {key: (records[s.output_path].step_json or {}).get("fn") for key, s in by_label.items()}
 
     def metric_upstreams(key: tuple[str, str]) -> list[tuple[str, str]]:
         run = key[0]
         return [(run, d) for d in by_label[key].deps if (run, d) in metrics]
 
-    roots = [key for key in by_label if key in metrics and not metric_upstreams(key)]
+    def is_row(key: tuple[str, str]) -> bool:
+        # A training branched from a training (init_from) is a row of its own, not its trunk's column.
+        return key in metrics and all(function[u] == function[key] for u in metric_upstreams(key))
+
+    roots = [key for key in by_label if is_row(key)]
     merged: dict[tuple[str, str], dict[str, float | None]] = {key: dict(metrics[key]) for key in roots}
     for key in by_label:
-        ups = metric_upstreams(key) if key in metrics else []
+        ups = metric_upstreams(key) if key in metrics and key not in merged else []
         if len(ups) != 1 or ups[0] not in merged:
             continue
         row = merged[ups[0]]
@@ -123,10 +135,11 @@ def compare_rows(steps: Sequence[CompareStep], store: StepStore) -> list[Row]:
     for key in roots:
         step = by_label[key]
         params = dict(_flatten(versioned[key]))
-        for ancestor in _ancestors(key, by_label):
+        own = frozenset(params)
+        for ancestor in _identity_ancestors(key, by_label, records):
             for path, value in _flatten(versioned[ancestor]):
                 params[f"{by_label[ancestor].name}.{path}"] = value
-        rows.append(Row(step.run, step.label, step.name, step.output_path, params, merged[key]))
+        rows.append(Row(step.run, step.label, step.name, step.output_path, params, merged[key], own))
     return rows
 
 
@@ -143,18 +156,44 @@ def merge_shared(rows: Sequence[Row]) -> list[Row]:
     return list(merged.values())
 
 
-def _ancestors(
-    key: tuple[str, str], by_label: Mapping[tuple[str, str], CompareStep]
+def _identity_ancestors(
+    key: tuple[str, str], by_label: Mapping[tuple[str, str], CompareStep], records: Mapping[str, StepRecord]
 ) -> list[tuple[str, str]]:
+    """The steps upstream of `key` that its identity is made of, transitively: the upstream steps
+    whose identity hash its `.step.json` records among its identity's inputs."""
     seen: list[tuple[str, str]] = []
-    stack = [(key[0], d) for d in by_label[key].deps]
+    stack = [key]
     while stack:
-        up = stack.pop()
-        if up in seen or up not in by_label:
-            continue
-        seen.append(up)
-        stack.extend((up[0], d) for d in by_label[up].deps)
+        here = stack.pop()
+        entered = _input_hashes(records[by_label[here].output_path])
+        for dep in by_label[here].deps:
+            up = (here[0], dep)
+            if up in seen or up not in by_label or dep.rsplit("-", 1)[-1] not in entered:
+                continue
+            seen.append(up)
+            stack.append(up)
     return seen
+
+
+def _input_hashes(record: StepRecord) -> set[str]:
+    """The short hashes (a label's last 12 characters) of the upstream identities in a step's
+    identity: `identity.inputs` holds each input's full hash."""
+    identity = (record.step_json or {}).get("identity")
+    inputs = identity.get("inputs") if isinstance(identity, Mapping) else None
+    found: set[str] = set()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, str) and len(value) >= 12:
+            found.add(value[:12])
+        elif isinstance(value, Mapping):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list | tuple):
+            for item in value:
+                walk(item)
+
+    walk(inputs)
+    return found
 
 
 def _versioned(record: StepRecord) -> Mapping[str, Any]:
@@ -243,21 +282,77 @@ def rows_csv(rows: Sequence[Row]) -> str:
     return out.getvalue()
 
 
-def table_rows(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
-    """Header and cells for a human table (numbers rounded for reading)."""
-    params, metrics = differing_params(rows), metric_names(rows)
-    header = ["run", "step", *params, *metrics]
-    body = [
-        [r.run, r.name, *(_cell(r.params.get(p)) for p in params), *(_fmt(r.metrics.get(m)) for m in metrics)]
-        for r in rows
-    ]
-    return header, body
+def table_rows(rows: Sequence[Row], width: int | None = None) -> tuple[list[str], list[list[str]], list[str]]:
+    """Header, cells and the columns left out of a human table (numbers rounded for reading).
+
+    Columns come in the order a reader wants them: the step (and the run, when rows come from
+    more than one), the rows' own differing fields, the eval losses (the average first), the other
+    metrics, then the upstream steps' differing fields. With `width` (the terminal's), columns are
+    added in that order while the table fits; the names of the rest are returned."""
+    params, metrics = leading_params(rows), _leading_metrics(metric_names(rows))
+    own = set().union(*(row.own for row in rows)) if rows else set()
+    own_params = [p for p in params if p in own]
+    upstream_params = [p for p in params if p not in own]
+    runs = len({r.run for r in rows}) > 1
+    short = _short_names(params)
+    columns: list[tuple[str, list[str]]] = []
+    if runs:
+        columns.append(("run", [r.run for r in rows]))
+    columns.append(("step", [r.name for r in rows]))
+    columns += [(short[p], [_cell(r.params.get(p)) for r in rows]) for p in own_params]
+    columns += [(m, [_fmt(r.metrics.get(m)) for r in rows]) for m in metrics]
+    columns += [(short[p], [_cell(r.params.get(p)) for r in rows]) for p in upstream_params]
+    kept: list[tuple[str, list[str]]] = []
+    left_out: list[str] = []
+    used = 0
+    for i, (name, cells) in enumerate(columns):
+        need = max(len(name), *(len(c) for c in cells)) + 3  # a cell's padding and rule
+        if width is not None and kept and i >= (2 if runs else 1) and used + need > width:
+            left_out.append(name)
+            continue
+        kept.append((name, cells))
+        used += need
+    header = [name for name, _cells in kept]
+    body = [[cells[i] for _name, cells in kept] for i in range(len(rows))]
+    return header, body, left_out
+
+
+def _leading_metrics(names: Sequence[str]) -> list[str]:
+    """Metrics in reading order: the average eval loss, the eval losses per set, then the rest."""
+
+    def rank(name: str) -> int:
+        if name == "eval/average/loss":
+            return 0
+        if name.startswith("eval/") and name.endswith("/loss"):
+            return 1
+        return 2
+
+    return sorted(names, key=rank)
+
+
+def _short_names(params: Sequence[str]) -> dict[str, str]:
+    """Each param by its last path part, or its whole path where two would read alike."""
+    last = [p.rsplit(".", 1)[-1] for p in params]
+    return {p: p.rsplit(".", 1)[-1] if last.count(p.rsplit(".", 1)[-1]) == 1 else p for p in params}
+
+
+GROUP_FIELDS = 3
+"""At most this many fields name a group (a legend entry): the first of what differs."""
+
+
+def leading_params(rows: Sequence[Row], params: Sequence[str] | None = None) -> list[str]:
+    """The differing params in the order a reader wants them: the rows' own fields first (what
+    was changed), then their upstream steps' (what they read)."""
+    params = differing_params(rows) if params is None else list(params)
+    own = set().union(*(row.own for row in rows)) if rows else set()
+    return [p for p in params if p in own] + [p for p in params if p not in own]
 
 
 def group_of(row: Row, params: Sequence[str]) -> str:
-    """What sets a row apart: its values of the fields that differ (`learning_rate=0.003`), the
-    key the compare page colours and groups curves by."""
-    return ",".join(f"{p.rsplit('.', 1)[-1]}={_cell(row.params.get(p))}" for p in params) or row.name
+    """What sets a row apart: its values of the first `GROUP_FIELDS` fields that differ
+    (`hidden_dim=24,num_steps=250`), the key the compare page colours and groups curves by."""
+    shown = params[:GROUP_FIELDS]
+    return ",".join(f"{p.rsplit('.', 1)[-1]}={_cell(row.params.get(p))}" for p in shown) or row.name
 
 
 def loss_curves(store: StepStore, rows: Sequence[Row]) -> list[dict[str, Any]]:
@@ -267,7 +362,7 @@ def loss_curves(store: StepStore, rows: Sequence[Row]) -> list[dict[str, Any]]:
     curves begin with the trunk's values at the branch step, and `branch` names the trunk and step.
     """
     curves = []
-    params = differing_params(rows)
+    params = leading_params(rows)
     for row in rows:
         lines = _metrics_lines(store, row.output_path)
         if lines is None:
@@ -313,7 +408,7 @@ def checkpoint_curves(
     """The curves by checkpoint (`curve.json`, written by an evaluation that follows a training)
     of the steps that read each row's training: eval loss and task scores across runs, each with
     its row's group, its standard errors and reference levels (chance) where it has them."""
-    params = differing_params(rows)
+    params = leading_params(rows)
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
     for row in rows:

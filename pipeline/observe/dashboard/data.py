@@ -322,7 +322,7 @@ def read_comparison(
     picked = compare.best_row(rows, best)
     return Comparison(
         runs=tuple(dict.fromkeys(manifest_ids)),
-        params=tuple(compare.differing_params(rows)),
+        params=tuple(compare.leading_params(rows)),
         metrics=tuple(compare.metric_names(rows)),
         rows=tuple(rows),
         curves=tuple(compare.loss_curves(store, rows)),

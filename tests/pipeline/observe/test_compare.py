@@ -5,15 +5,20 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from pipeline import ExecutorMainConfig, Step, output_of, run_experiment, this_output, versioned
 from pipeline.observe.compare import (
+    best_row,
     compare_rows,
     differing_params,
+    leading_params,
     loss_curves,
     manifest_steps,
     rows_csv,
@@ -26,14 +31,19 @@ from pipeline.storage.step_store import StepStore
 from tests.pipeline.observe.dashboard.fixture_steps import (
     CorpusConfig,
     EvalConfig,
+    FitConfig,
+    PredictedTrainConfig,
     ScoreConfig,
     TrainConfig,
     evaluate_tiny,
+    fit_tiny,
     loss_at,
     score_tiny,
     train_tiny,
     write_corpus,
 )
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def sweep(learning_rates: list[float]) -> list[Step]:
@@ -206,3 +216,69 @@ def test_a_branch_is_drawn_from_where_it_left_its_trunk(tmp_path):
         and alone["train"][0] == [11, pytest.approx(3.8)]
         and alone["eval"] == []
     )
+
+
+def ladder() -> list[Step]:
+    """A ladder as a researcher builds one: a trunk training and two cooldown branches of it, an
+    evaluation of each, a fit over the evaluations, and a target training compared with the fit."""
+
+    def training(name: str, data: Step, steps: int, lr: float, config: type = TrainConfig, **more) -> Step:
+        fields = config(output_of(data), this_output(), versioned(steps), versioned(lr), None, **more)
+        return Step(name, train_tiny, fields)
+
+    corpus = Step("data/corpus", write_corpus, CorpusConfig(this_output(), versioned(3)))
+    trunk = training("train/trunk", corpus, 20, 1e-3)
+    branches = [training(f"train/branch{n}", trunk, n, 1e-3) for n in (10, 15)]
+    evaluations = [
+        Step(f"eval/{t.name.split('/')[1]}", evaluate_tiny, EvalConfig(output_of(t), this_output()))
+        for t in (trunk, *branches)
+    ]
+    settings = FitConfig(
+        tuple(output_of(e) for e in evaluations), this_output(), versioned((4, 5, 6)), versioned("kaplan")
+    )
+    fit = Step("scaling/fit", fit_tiny, settings)
+    consulted = output_of(fit, identity=False)
+    target = training("train/target", corpus, 20, 3e-3, PredictedTrainConfig, fit=consulted)
+    return [fit, Step("eval/target", evaluate_tiny, EvalConfig(output_of(target), this_output()))]
+
+
+def test_a_ladder_gives_a_row_per_training_branches_included_and_only_identity_fields(tmp_path):
+    """Regression: cooldown branches were folded into their trunk's row as columns (their
+    evaluations lost), and the target's fields included everything upstream of the fit it is
+    compared with (333 "differing fields" on a 7-training ladder)."""
+    root = str(tmp_path / "prefix")
+    report = run_experiment(ladder(), ExecutorMainConfig(prefix=root, backend="local", experiment="ladder"))
+    assert report.ok
+    rows = compare_rows(steps_of(root, "ladder"), StepStore(open_storage(root)))
+    assert sorted(r.name for r in rows) == ["train/branch10", "train/branch15", "train/target", "train/trunk"]
+    for row in rows:  # each with its own evaluation's metrics, under their plain names
+        assert set(row.metrics) >= {"train/loss", "eval/web/loss", "eval/code/loss"}, row
+        assert not any(":" in m for m in row.metrics), row.metrics
+    # The trunk and the target tie exactly on every eval loss: no best is named; by train/loss one is.
+    assert best_row(rows) is None
+    assert best_row(rows, "train/loss")[1].name == "train/trunk"
+    branch = next(r for r in rows if r.name == "train/branch10")
+    assert branch.metrics["eval/web/loss"] == pytest.approx(loss_at(9) + 0.1)
+    params = differing_params(rows)
+    assert not [p for p in params if p.startswith(("scaling/fit", "eval/"))], params
+    assert {"num_steps", "learning_rate"} <= set(params)
+    # Own fields lead; upstream ones (the branches' trunk) follow.
+    assert set(leading_params(rows)[:2]) == {"num_steps", "learning_rate"}
+    # The terminal table at 100 columns: every line fits, what differs first, the rest named.
+    (manifest,) = (Path(root) / "experiments").glob("ladder-*.json")
+    shown = subprocess.run(
+        [sys.executable, "-m", "pipeline", "compare", str(manifest)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 100, shown.stdout
+    header = next(line for line in lines if "step" in line and "num_steps" in line)
+    assert max(header.index("num_steps"), header.index("learning_rate")) < header.index("eval/")
+    footer = " ".join(lines[lines.index(next(x for x in lines if "more columns did not fit" in x)) :])
+    assert "--all shows them" in footer and "train/trunk.learning_rate" in footer
+    assert sum(1 for line in lines if line.startswith("│ train/")) == 4

@@ -180,7 +180,7 @@ function drydockCompareChart(canvasId, dataId) {
     const color = colors.get(curve.group);
     const name = curve.group === curve.step ? `${curve.run} ${curve.step}` : curve.group;
     trains.push([datasets.length, curve.train]);
-    datasets.push({ label: name + " (train)", data: points(curve.train), borderColor: color,
+    datasets.push({ label: name, data: points(curve.train), borderColor: color,
                     backgroundColor: color, borderWidth: 1.5, pointRadius: 0 });
     if (curve.eval.length) {
       datasets.push({ label: name + " (eval)", data: points(curve.eval), borderColor: color,
@@ -188,6 +188,13 @@ function drydockCompareChart(canvasId, dataId) {
     }
   });
   const chart = drydockLines(canvasId, datasets, "step", "loss");
+  // One legend entry per training (its eval curve shares its colour, dashed), below the chart and
+  // kept short, so that a ladder's many rows never squash the plot.
+  const legend = chart.options.plugins.legend;
+  legend.position = "bottom";
+  legend.maxHeight = 60;
+  legend.labels.boxWidth = 12;
+  legend.labels.filter = (item) => !item.text.endsWith(" (eval)");
   const apply = () => {
     chart.options.scales.y.type = logBox && logBox.checked ? "logarithmic" : "linear";
     trains.forEach(([i, pairs]) => {

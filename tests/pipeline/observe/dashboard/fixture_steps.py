@@ -169,6 +169,30 @@ def evaluate_tiny(config: EvalConfig) -> None:
         json.dump(result, f, indent=2)
 
 
+@dataclass(frozen=True)
+class PredictedTrainConfig(TrainConfig):
+    """A training compared with a fit it only consults (`output_of(fit, identity=False)`)."""
+
+    fit: str | None = None
+
+
+@dataclass(frozen=True)
+class FitConfig:
+    """A step reading many evaluations, with many fields of its own, and no metrics (a fit)."""
+
+    evaluations: tuple[str, ...]
+    output: str
+    settings: tuple[int, ...] = (1, 2, 3)
+    method: str = "chinchilla"
+
+
+@step_function
+def fit_tiny(config: FitConfig) -> None:
+    os.makedirs(config.output, exist_ok=True)
+    with open(os.path.join(config.output, "fit.json"), "w") as f:
+        json.dump({"points": len(config.evaluations)}, f)
+
+
 @step_function
 def diverge(config: TrainConfig) -> None:
     raise FloatingPointError("loss became NaN at step 3")

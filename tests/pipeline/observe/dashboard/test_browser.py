@@ -244,13 +244,24 @@ def test_compare_page_in_a_browser(compared, page, tmp_path):
     # One chart: every training's loss curve overlaid, drawn by Chart.js.
     page.wait_for_function("() => window.Chart && Chart.getChart('compare-chart')")
     datasets = page.evaluate("() => Chart.getChart('compare-chart').data.datasets.map(d => d.label)")
-    assert sorted(d.rsplit(" ", 1)[1] for d in datasets) == ["(eval)"] * 3 + ["(train)"] * 3
+    assert sorted(d.endswith(" (eval)") for d in datasets) == [False] * 3 + [True] * 3
     # Coloured by the swept value, not by run: each curve is named by its learning rate.
-    assert {d.split(" ")[0] for d in datasets} == {
+    assert {d.removesuffix(" (eval)") for d in datasets} == {
         "learning_rate=0.001",
         "learning_rate=0.003",
         "learning_rate=0.03",
     }
+    # The legend: one short entry per training (its eval curve shares its colour), below the plot.
+    legend = page.evaluate(
+        "() => { const c = Chart.getChart('compare-chart'); "
+        "return [c.options.plugins.legend.position, c.legend.legendItems.map(i => i.text)]; }"
+    )
+    assert legend[0] == "bottom" and sorted(legend[1]) == [
+        "learning_rate=0.001",
+        "learning_rate=0.003",
+        "learning_rate=0.03",
+    ]
+    assert "value of learning_rate." in page.locator("#colours").inner_text()
     # The eval losses tie (no winner is marked); the training loss picks one.
     assert page.locator("#best").count() == 0
     page.goto(page.url + "&best=train/loss")
