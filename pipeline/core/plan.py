@@ -93,9 +93,14 @@ class Plan:
         return dict(Counter(sp.state.value for sp in self.steps.values()))
 
     def subset(self, labels: set[str], reason: str = "not selected") -> Plan:
-        """A new plan in which steps outside `labels` are SKIPPED."""
+        """A new plan in which steps outside `labels` are SKIPPED; a finished one stays CACHED (it
+        is there either way: SKIPPED would read as missing)."""
         steps = {
-            label: sp if label in labels else replace(sp, state=State.SKIPPED, reason=reason, notes=())
+            label: sp
+            if label in labels
+            else replace(sp, reason=f"cached ({reason})")
+            if sp.state == State.CACHED
+            else replace(sp, state=State.SKIPPED, reason=reason, notes=())
             for label, sp in self.steps.items()
         }
         return Plan(self.dag, MappingProxyType(steps))

@@ -27,7 +27,7 @@ from pipeline.core.report import RunReport
 from pipeline.errors import StorageError
 from pipeline.processes import current_owner, host_id, pid_alive
 from pipeline.run.alerts import AlertLog, Notifier
-from pipeline.run.backends import make_backend
+from pipeline.run.backends import check_declared, make_backend
 from pipeline.run.console import RunConsole
 from pipeline.run.executor import ExecutionOptions, Reporter, execute
 from pipeline.run.hooks import step_compilations, step_warnings
@@ -127,6 +127,7 @@ def run_experiment(
     config = config or ExecutorMainConfig()
     dag, store, plan, digests = _prepare(steps, config)
     if config.dry_run:
+        check_declared(config.backend, plan)  # what `run` would refuse, `plan` refuses too
         return plan
     if config.compile:
         # Compile before anything is reserved: a program that cannot fit its devices stops the

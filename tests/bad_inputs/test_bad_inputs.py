@@ -105,14 +105,23 @@ def test_bad_input_gives_one_clear_error_and_writes_nothing(path, outcomes):
 
 
 @pytest.mark.parametrize(
-    "name", ["mixture_unknown_component", "train_longer_than_mixture", "tokenize_missing_tokenizer"]
+    "name",
+    [
+        "mixture_unknown_component",
+        "train_longer_than_mixture",
+        "tokenize_missing_tokenizer",
+        # Regression: `plan` said nothing of a gang on the local backend, which `run` refuses.
+        "resources_gang_on_local_backend",
+    ],
 )
 def test_drydock_plan_shows_the_same_errors(name, tmp_path):
-    """A step config mistake is found by `drydock plan` too, before anything runs."""
+    """A step config mistake is found by `drydock plan` too, before anything runs (with the
+    backend the run would use: `--backend local`, as the run of each case)."""
     case = Case.load(Path(__file__).parent / "cases" / f"{name}.py")
     env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_AUTH_MODE="disabled")
+    command = [sys.executable, "-m", "pipeline", "plan", str(case.path), "--backend", "local"]
     result = subprocess.run(
-        [sys.executable, "-m", "pipeline", "plan", str(case.path), "--prefix", str(tmp_path / "prefix")],
+        [*command, "--prefix", str(tmp_path / "prefix")],
         capture_output=True,
         text=True,
         env=env,

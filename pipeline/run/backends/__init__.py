@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pipeline.run.backends.base import Backend
 
-__all__ = ["REGISTRY", "BackendEntry", "backend_class", "make_backend"]
+__all__ = ["REGISTRY", "BackendEntry", "backend_class", "check_declared", "make_backend"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,9 @@ class BackendEntry:
     options: str
     """The `ExecutorMainConfig` field with its options (`--ray.address` is the field `ray`)."""
     summary: str
+    plan_check: str | None = None
+    """`module:function` refusing a plan this backend can never run, from the declaration alone
+    (no backend started): `drydock plan` calls it as `run` does, so both refuse alike."""
 
 
 REGISTRY: dict[str, BackendEntry] = {
@@ -36,7 +39,13 @@ REGISTRY: dict[str, BackendEntry] = {
         "ray",
         "a private local Ray instance, or the cluster at --ray.address",
     ),
-    "local": BackendEntry("pipeline.run.backends.local", "LocalBackend", "local", "threads of this process"),
+    "local": BackendEntry(
+        "pipeline.run.backends.local",
+        "LocalBackend",
+        "local",
+        "threads of this process",
+        plan_check="pipeline.run.backends.local:check_declared",
+    ),
 }
 
 
@@ -50,3 +59,13 @@ def make_backend(name: str, config: Any) -> Backend:
     """The backend `name`, created from its options in `config` (an `ExecutorMainConfig`)."""
     verbose = bool(getattr(config, "verbose", False))
     return backend_class(name).create(getattr(config, REGISTRY[name].options), verbose=verbose)
+
+
+def check_declared(name: str, plan: Any) -> None:
+    """Raise the `StepDeclarationError` backend `name` would raise for `plan` before running it,
+    without starting the backend (`drydock plan`)."""
+    entry = REGISTRY[name]
+    if entry.plan_check is None:
+        return
+    module, function = entry.plan_check.split(":")
+    getattr(importlib.import_module(module), function)(plan)

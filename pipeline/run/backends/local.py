@@ -27,7 +27,7 @@ from pipeline.run.fence import Fence, LeaseExpired
 from pipeline.run.worker import Placement, call_step
 from pipeline.storage.layout import LOGS_DIR, log_name
 
-__all__ = ["LocalBackend"]
+__all__ = ["LocalBackend", "check_declared"]
 
 
 @dataclass
@@ -36,6 +36,20 @@ class _Running:
     thread: threading.Thread | None = None
     error: BaseException | None = None
     cancelled: bool = False
+
+
+def check_declared(plan: Plan) -> None:
+    """Every step here is a gang of one: a step to run that asks for several hosts needs Ray."""
+    for label in plan.in_state(State.RUN, State.WAIT):
+        node = plan.dag.nodes[label]
+        resources = node.step.resources
+        if resources.hosts > 1:
+            raise StepDeclarationError(
+                node.name,
+                f"asks for {resources.hosts} hosts (a gang of processes); the local backend runs "
+                "each step as one process: use --backend ray with a cluster of that many nodes",
+                field="resources.hosts",
+            )
 
 
 class LocalBackend(Backend):
@@ -56,17 +70,7 @@ class LocalBackend(Backend):
         return max(2, os.cpu_count() or 2)
 
     def validate(self, plan: Plan) -> list[str]:
-        """Every step here is a gang of one: a step that asks for several hosts needs Ray."""
-        for label in plan.in_state(State.RUN, State.WAIT):
-            node = plan.dag.nodes[label]
-            resources = node.step.resources
-            if resources.hosts > 1:
-                raise StepDeclarationError(
-                    node.name,
-                    f"asks for {resources.hosts} hosts (a gang of processes); the local backend runs "
-                    "each step as one process: use --backend ray with a cluster of that many nodes",
-                    field="resources.hosts",
-                )
+        check_declared(plan)
         return []
 
     def describe(self) -> str:

@@ -186,3 +186,17 @@ def test_only_pulls_in_the_ancestors_and_skips_the_rest():
         "train/b": (State.RUN, "no output yet"),
         "eval/c": (State.SKIPPED, "not selected by --only"),
     }
+
+
+def test_a_finished_step_outside_only_stays_cached():
+    """Regression: `--only X` listed a finished step it did not select as SKIPPED, which reads as
+    missing; it is there, CACHED, whatever --only says."""
+    plan, _train = plan_with(DONE, only="^raw/")
+    states = {
+        plan.steps[label].name: (plan.steps[label].state, plan.steps[label].reason) for label in plan.steps
+    }
+    assert states == {
+        "raw/a": (State.RUN, "no output yet"),
+        "train/b": (State.CACHED, "cached (not selected by --only)"),
+        "eval/c": (State.SKIPPED, "not selected by --only"),
+    }
