@@ -327,18 +327,36 @@ def _plan(config: MixtureConfig, stats: Mapping[str, Any]) -> tuple[MixturePlan,
 
 
 def format_mixture(plan: MixturePlan, train_tokens: Mapping[str, int]) -> str:
-    """A plain-text table: weights per phase, then tokens and epochs per component."""
+    """A plain-text table: weights per phase, then tokens and epochs per component. Each column is
+    as wide as its widest cell, two spaces apart: a 15-digit token count never runs into the next."""
     names = sorted(train_tokens)
-    width = max(len(n) for n in names) + 2
-    lines = [f"{plan.num_steps:,} steps; {len(plan.phases)} phase(s)"]
-    header = "".join(f"{'steps ' + str(p.start_step) + '-' + str(p.end_step):>16}" for p in plan.phases)
-    lines.append(f"{'component':<{width}}{header}{'tokens':>14}{'available':>14}{'epochs':>9}")
-    for name in names:
-        weights = "".join(f"{p.weights[name]:>16.3f}" for p in plan.phases)
+    header = [
+        "component",
+        *(f"steps {p.start_step}-{p.end_step}" for p in plan.phases),
+        "tokens",
+        "available",
+        "epochs",
+    ]
+    rows = [
+        [
+            name,
+            *(f"{p.weights[name]:.3f}" for p in plan.phases),
+            f"{plan.tokens[name]:,}",
+            f"{train_tokens[name]:,}",
+            f"{plan.epochs[name]:.2f}",
+        ]
+        for name in names
+    ]
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        first = cells[0].ljust(widths[0])
+        return "  ".join([first, *(c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True))])
+
+    lines = [f"{plan.num_steps:,} steps; {len(plan.phases)} phase(s)", line(header)]
+    for name, cells in zip(names, rows, strict=True):
         note = "  (validation only)" if name in plan.validation_only else ""
-        lines.append(
-            f"{name:<{width}}{weights}{plan.tokens[name]:>14,}{train_tokens[name]:>14,}{plan.epochs[name]:>9.2f}{note}"
-        )
+        lines.append(line(cells) + note)
     return "\n".join(lines)
 
 

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from steps.data.mixture import MixtureConfig, MixtureError, load_data_config, mixture, plan_mixture
+from steps.data.mixture import (
+    MixtureConfig,
+    MixtureError,
+    format_mixture,
+    load_data_config,
+    mixture,
+    plan_mixture,
+)
 from steps.data.tokenize import TokenizeConfig, tokenize
 from tests.steps.conftest import make_docs, write_jsonl
 
@@ -153,3 +160,35 @@ def test_a_training_given_as_a_component_is_refused_at_declaration():
     assert str(err.value).startswith("step 'mixture/x', field `components['a']`: ")
     assert "is a train_moe step, not tokenized data" in str(err.value)
     assert mixture_step("mixture/x", components={"a": own, "b": "/data/tokenized/b"}, **kwargs)
+
+
+def test_the_preview_keeps_columns_apart_at_any_size():
+    """Regression: fixed-width columns ran together at hero sizes (`0.500524,288,000,000`)."""
+    tokens = {"code": 2_087_162_251_196, "web": 9_999_999_999_999}
+    plan = plan_mixture(
+        [(0, {"code": 0.5, "web": 0.5}), (100_000, {"code": 0.2, "web": 0.8})],
+        tokens,
+        target_tokens=1_048_576_000_000,
+        batch_size=2048,
+        seq_len=4096,
+    )
+    lines = format_mixture(plan, tokens).splitlines()
+    header, *rows = lines[1:]
+    phases = [f"{p.start_step}-{p.end_step}" for p in plan.phases]
+    assert header.split() == [
+        "component",
+        "steps",
+        phases[0],
+        "steps",
+        phases[1],
+        "tokens",
+        "available",
+        "epochs",
+    ]
+    for name, row in zip(("code", "web"), rows, strict=True):
+        cells = row.split()
+        assert cells[0] == name and len(cells) == 6, row
+        assert float(cells[1]) in (0.5, 0.2, 0.8) and int(cells[3].replace(",", "")) == plan.tokens[name]
+        assert int(cells[4].replace(",", "")) == tokens[name]
+        assert float(cells[5]) == round(plan.epochs[name], 2)
+    assert len({len(line) for line in [header, *rows]}) == 1  # every column lined up
