@@ -58,6 +58,13 @@ def test_the_plan_lists_every_step_with_parameters_tokens_and_steps(tmp_path):
 
     assert recipe_file.train.resources.hosts == 176 and recipe_file.train.resources.gpus == 4
     assert recipe_file.train.resources.accelerator == "GB200"
+    # The recipes table says what the file declares (it once said two v5p-2048 slices).
+    (hero_row,) = [
+        line
+        for line in (ROOT / "docs" / "recipes.md").read_text().splitlines()
+        if "`moe_535b_a23b.py`" in line and line.startswith("|")
+    ]
+    assert "176 hosts (704 GB200 GPUs" in hero_row and "two v5p-2048" not in hero_row
     assert train["mesh"] == "data 88 x expert 8 (704 GB200)"
     assert train["memory per device"].startswith("117.2 GiB of 173.2 GiB (68%)")
     assert train["time"] == "40 days at 40% MFU"
