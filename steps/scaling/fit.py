@@ -47,6 +47,7 @@ from pipeline import (
 )
 from steps.files import exists, read_json, write_json
 from steps.imports import import_ml
+from steps.scaling.isoflop import IsoflopUnavailable, isoflop_profiles
 from steps.scaling.law import HUBER_DELTA, MIN_POINTS, ScalingFitError, check_form, check_grid, check_settings
 from steps.scaling.methods import fit_isoflop_method, fit_law_method
 from steps.scaling.plot import plot_fit
@@ -195,7 +196,7 @@ def scaling_fit_step(
             isoflop=versioned(isoflop),
             pre_check=versioned(pre_check),
         ),
-        description=f"fit {', '.join([*laws, *(['isoflop'] if isoflop else [])])} to {len(points)} points; "
+        description=f"fit {', '.join(_methods(points, laws, isoflop)[0])} to {len(points)} points; "
         f"predict {target.label}",
         resources=Resources(cpus=1),
     )
@@ -228,6 +229,22 @@ def _measured_loss(point: ScalingPoint, loss: str, field: str) -> float:
             f"point {point.label!r}: loss {value!r} in {path} is not a positive number", field
         )
     return float(value)
+
+
+def _methods(
+    points: Sequence[ScalingPoint], laws: Sequence[str], isoflop: bool
+) -> tuple[list[str], str | None]:
+    """The methods the fit will run on this grid, and why IsoFLOP will not where it is asked for but
+    the grid cannot give it its profiles (three sizes on each of three compute budgets): the plan
+    must not promise a method the run then skips."""
+    if not isoflop:
+        return list(laws), None
+    n = [active_non_embedding_params(p.model) for p in points]
+    try:
+        isoflop_profiles(n, [p.tokens for p in points], [1.0] * len(points))  # depends on N and D only
+    except IsoflopUnavailable as e:
+        return list(laws), e.message
+    return [*laws, "isoflop"], None
 
 
 def _row(point: ScalingPoint) -> dict[str, Any]:
@@ -397,10 +414,12 @@ def preview(config: ScalingFitConfig) -> str:
     # Columns as wide as their largest number, and two spaces more.
     n_width = max(len(f"{r['active_non_embedding_params']:,}") for r in [*rows, target]) + 2
     d_width = max(len(f"{r['tokens']:,}") for r in [*rows, target]) + 2
+    methods, why_not = _methods(config.points, config.laws, config.isoflop)
     lines = [
-        f"fit {', '.join([*config.laws, *(['isoflop'] if config.isoflop else [])])} to {len(rows)} points "
+        f"fit {', '.join(methods)} to {len(rows)} points "
         f"(N: active non-embedding parameters, D: tokens); check each on the {config.pre_check} largest; "
         f"predict the target with a {config.level:.0%} interval",
+        *([f"  isoflop cannot run on this grid: {why_not}"] if why_not else []),
         f"  {'point':<{width}}{'N':>{n_width}}{'D':>{d_width}}{'6ND (FLOPs)':>14}",
     ]
     for r in [*rows, target]:

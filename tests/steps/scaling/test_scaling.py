@@ -366,8 +366,21 @@ def test_step_declaration_refuses_bad_methods(tmp_path, options, field, words):
 def test_preview_shows_the_grid_and_the_target(tmp_path):
     text = preview(step_config(tmp_path))
     lines = text.splitlines()
-    assert "chinchilla, kaplan, isoflop" in lines[0] and "3 largest" in lines[0]
-    assert len(lines) == 2 + 9 + 1
-    assert "d16-100000" in lines[2]
+    # This grid's sizes do not overlap on three compute budgets: IsoFLOP is said not to run.
+    assert lines[0].startswith("fit chinchilla, kaplan to 9 points") and "3 largest" in lines[0]
+    assert lines[1].startswith("  isoflop cannot run on this grid")
+    assert len(lines) == 3 + 9 + 1
+    assert "d16-100000" in lines[3]
     assert f"{active_non_embedding_params(model(128)):,}" in lines[-1]
     assert lines[-1].endswith("<- target")
+
+
+def test_preview_promises_isoflop_only_where_the_grid_can_give_it_profiles(tmp_path):
+    """Regression: the plan said "fit chinchilla, kaplan, isoflop" for a grid of 3 sizes x 2
+    budgets, which holds no three budgets of three sizes; the run then fitted two laws."""
+    config = step_config(tmp_path, budgets=(1e5, 1e6))
+    lines = preview(config).splitlines()
+    assert lines[0].startswith("fit chinchilla, kaplan to 6 points"), lines[0]
+    assert lines[1].startswith("  isoflop cannot run on this grid: ") and "add sizes or budgets" in lines[1]
+    step = scaling_fit_step("scaling/fit", points=config.points, target=config.target, resamples=40)
+    assert step.description.startswith("fit chinchilla, kaplan to 6 points")
