@@ -101,6 +101,8 @@ class Attempts:
         self.watchdog = Watchdog(store, self.on_hang, on_report=self.on_report, clock=clock)
         self.hung: dict[str, Hang] = {}
         self.alerted: dict[str, dict[str, int]] = {}
+        self.checkpoints: dict[str, int] = {}
+        """The last checkpoint step a watched step's progress report named (a training's)."""
         self.tokens: dict[str, int] = {}
         """The fencing token of each attempt in flight (its start marker's name)."""
         self.followed = {up for label in plan.in_state(State.RUN) for up in self.dag.nodes[label].soft_deps}
@@ -255,7 +257,11 @@ class Attempts:
         except Exception as e:  # the note is evidence; stopping the attempt matters more
             logger.warning("could not record the hang of %s: %s", label, e)
         self.report(label, "HUNG", hang.message)
-        self.alert("hung", label, hang.message.removeprefix("HUNG: ") + "; retrying from its checkpoint")
+        # Only a step that reported a checkpoint has one to resume from; say which, or that it
+        # starts over (the engine cannot know more of a step's own state).
+        saved = self.checkpoints.get(label)
+        retry = f"retrying from its checkpoint at step {saved:,}" if saved is not None else "retrying it"
+        self.alert("hung", label, f"{hang.message.removeprefix('HUNG: ')}; {retry}")
         self.backend.cancel(label)
 
     def on_report(self, label: str, report: Mapping[str, Any]) -> None:
@@ -264,6 +270,10 @@ class Attempts:
         A step lists such things in its report's `alerts`, `{kind: {"count": n, "message": ...}}`
         (a training's rewinds, its eval loss leaving the predicted interval); each is sent once
         per new count."""
+        data = report.get("data")
+        saved = data.get("checkpoint_step") if isinstance(data, Mapping) else None
+        if type(saved) is int and saved >= 0:
+            self.checkpoints[label] = saved
         seen = self.alerted.setdefault(label, {})
         for kind, count, message in report_alerts(report):
             if count > seen.get(kind, 0):

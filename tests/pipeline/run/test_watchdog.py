@@ -137,7 +137,7 @@ def test_each_new_report_is_passed_on_and_the_last_one_too_when_the_attempt_ends
     assert seen == [1, 2, 3]
 
 
-def test_a_hung_step_is_stopped_its_stacks_saved_and_retried(tmp_path):
+def test_a_hung_step_is_stopped_its_stacks_saved_and_retried(tmp_path, webhook):
     step = Step(
         "hang/once",
         hanging,
@@ -145,7 +145,8 @@ def test_a_hung_step_is_stopped_its_stacks_saved_and_retried(tmp_path):
         resources=Resources(hang_timeout=2.0),
     )
     prefix = tmp_path / "prefix"
-    report = run_experiment([step], ExecutorMainConfig(prefix=str(prefix), backend="local"))
+    url, received = webhook
+    report = run_experiment([step], ExecutorMainConfig(prefix=str(prefix), backend="local", notify=url))
     assert report.ok, {k: o.error for k, o in report.outcomes.items()}
     (step_dir,) = prefix.glob("hang/once-*")
     assert (step_dir / "done").exists()
@@ -161,3 +162,7 @@ def test_a_hung_step_is_stopped_its_stacks_saved_and_retried(tmp_path):
     assert preempted.message.startswith("hung: no progress for ")
     stacks = (step_dir / ".logs" / f"attempt-{events[0].token}-stacks.log").read_text()
     assert "step thread: 0x" in stacks and "_stuck" in stacks
+    # The alert promises no checkpoint the step never reported (it said "retrying from its
+    # checkpoint" of every step); a training's names the step it resumes from (test_multihost).
+    (hung,) = [m["body"]["text"] for m in received if m["body"]["drydock"]["kind"] == "hung"]
+    assert hung.endswith("; retrying it") and "checkpoint" not in hung, hung

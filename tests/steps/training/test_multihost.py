@@ -486,3 +486,4 @@ def test_a_host_that_never_enters_the_collective_is_found_its_stacks_saved_and_t
     kinds = [m["body"]["drydock"]["kind"] for m in received]
     assert kinds == ["hung", "finished"], received
     assert "host 1 is in _stuck" in received[0]["body"]["text"]
+    assert received[0]["body"]["text"].endswith("; retrying from its checkpoint at step 10")
