@@ -241,11 +241,14 @@ def _status_document(source: _Source, rows: list[StepStatus], now: float) -> dic
         steps.append(entry)
         # `status`: the raw last state event (None if never started), as `drydock status --json` always gave.
         last = row.last_event
-        entry["status"] = {"CORRUPT": "CORRUPT", "NOT STARTED": None, "STALE": "RUNNING"}.get(
-            row.state, row.state
-        )
+        entry["status"] = {
+            "CORRUPT": "CORRUPT",
+            "NOT STARTED": None,
+            "STALE": "RUNNING",
+            "QUEUED": "RUNNING",
+        }.get(row.state, row.state)
         entry["status_time"] = last.time if last else None
-        entry["live"] = row.state == "RUNNING"
+        entry["live"] = row.state in ("RUNNING", "QUEUED")
     return {"prefix": source.prefix, "time": now, "counts": counts, "steps": steps}
 
 

@@ -8,6 +8,8 @@ ended (`State`). A view shows one `Shown` state, decided here:
   * a finished step is SUCCESS (or, within a run, CACHED when the run found it done, else
     SUCCEEDED);
   * a RUNNING step whose runner is gone (its lease stale) is STALE: the next run takes it over;
+  * a RUNNING step whose function has not started (its Ray task waits for resources: no
+    `.logs/attempt-<token>.started` yet) is QUEUED (`drydock status` reads the marker);
   * otherwise the last state event itself (RUNNING, FAILED, CANCELLED, PREEMPTED).
 """
 
@@ -28,6 +30,7 @@ class Shown(enum.StrEnum):
     NOT_STARTED = "NOT STARTED"
     STALE = "STALE"
     CORRUPT = "CORRUPT"
+    QUEUED = "QUEUED"
 
 
 def runner_gone(record: StepRecord, now: float, local_host: str) -> bool:

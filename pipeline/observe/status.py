@@ -28,10 +28,12 @@ from rich.text import Text
 
 from pipeline.core.dag import Dag
 from pipeline.core.figures import figures_text, live_figures
+from pipeline.core.numbers import finite_number
 from pipeline.core.records import Event, StatusEvent
 from pipeline.observe.live import Shown, live_state, runner_gone
 from pipeline.observe.metrics import read_metrics_tail
 from pipeline.observe.render import label_width
+from pipeline.storage.layout import LOGS_DIR, started_name
 from pipeline.storage.opening import map_reads
 from pipeline.storage.step_store import StepStore
 
@@ -89,7 +91,8 @@ class StepStatus:
         """Seconds the latest attempt ran (so far, if it is running)."""
         if self.started is None:
             return None
-        end = self.ended if self.ended is not None else (now if self.state == Event.RUNNING else None)
+        going = self.state in (Event.RUNNING, Shown.QUEUED)
+        end = self.ended if self.ended is not None else (now if going else None)
         return None if end is None else max(0.0, end - self.started)
 
 
@@ -147,13 +150,22 @@ def _status(entry: StepEntry, store: StepStore, now: float, local_host: str) -> 
     if latest_run is not None:
         attempt = int(latest_run.data.get("attempt", record.attempts)) if latest_run.data else record.attempts
     ended = last.time if last.event != Event.RUNNING else None
+    started = latest_run.time if latest_run else None
+    if state == Event.RUNNING and latest_run is not None:
+        # The lease is taken when the attempt is handed to the backend; its function starts when
+        # Ray finds it resources. Until then it is queued, and its time runs from its start.
+        began = _function_started(store, entry.output_path, latest_run.token)
+        if began is None:
+            state, detail = Shown.QUEUED, "waiting for resources: its function has not started"
+        else:
+            started = began
     progress = store.progress(entry.output_path, record.events)
     train_step, loss = _metrics_tail(store, entry.output_path)
     return StepStatus(
         entry,
         state,
         attempt=attempt,
-        started=latest_run.time if latest_run else None,
+        started=started,
         ended=ended,
         last_event=record.events[-1],
         holder=holder,
@@ -162,6 +174,20 @@ def _status(entry: StepEntry, store: StepStore, now: float, local_host: str) -> 
         loss=loss,
         detail=detail,
     )
+
+
+def _function_started(store: StepStore, step_dir: str, token: int | None) -> float | None:
+    """When the attempt `token`'s function started (its `.started` marker), or None if it has not."""
+    if token is None:
+        return None
+    data = store.storage.read(f"{step_dir}/{LOGS_DIR}/{started_name(token)}")
+    if data is None:
+        return None
+    try:
+        when = json.loads(data).get("time")
+    except (ValueError, AttributeError):
+        return None
+    return float(when) if finite_number(when) else None
 
 
 def _metrics_tail(store: StepStore, step_dir: str) -> tuple[int | None, float | None]:
@@ -195,6 +221,7 @@ def _metrics_tail(store: StepStore, step_dir: str) -> tuple[int | None, float | 
 STATE_STYLES: Mapping[str, str] = {
     Event.SUCCESS: "green",
     Event.RUNNING: "bold yellow",
+    "QUEUED": "yellow",
     "STALE": "dark_orange",
     "FAILED": "bold red",
     "CORRUPT": "bold red",
@@ -352,7 +379,7 @@ def watch(
     with Live(console=console, auto_refresh=False, transient=False) as live:
         while True:
             now = clock()
-            going = any(row.state == Event.RUNNING for row in rows) or run_going(rows)
+            going = any(row.state in (Event.RUNNING, Shown.QUEUED) for row in rows) or run_going(rows)
             done = all(row.state == Event.SUCCESS for row in rows)
             waiting = not going and not done and now - began < wait_for_start
             note = f"waiting up to {wait_for_start:g}s for a run to start; " if waiting else ""

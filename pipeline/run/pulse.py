@@ -60,11 +60,12 @@ def dump_stacks(step_thread: int, header: str) -> str:
 
 def announce_start(context: StepContext) -> None:
     """Say that the attempt's function is starting (`<step>/.logs/attempt-<token>.started`), once,
-    from the gang's first host, if other steps follow it (`StepContext.followed`). The runner
-    holds those steps (evaluations of its checkpoints) until then, so that they never take the
-    resources it needs to start. A failed write is logged, never raised: the followers then
-    start when this step ends."""
-    if not context.followed or context.gang.index != 0:
+    from the gang's first host. Until then an attempt is queued (its lease taken, its Ray task
+    waiting for resources): `drydock status` shows QUEUED, and times the attempt from here. The
+    runner also holds the steps that follow it (evaluations of its checkpoints) until then, so
+    that they never take the resources it needs to start. A failed write is logged, never
+    raised: the followers then start when this step ends, and status shows it queued."""
+    if context.gang.index != 0:
         return
     from pipeline.storage.opening import open_storage
 

@@ -6,6 +6,7 @@ import io
 import json
 import os
 import time
+from pathlib import Path
 
 from rich.console import Console
 
@@ -59,8 +60,11 @@ def _setup(tmp_path):
     store.release(a.output_path, me, token)
     token = store.acquire(a.output_path, me, TTL, attempt=2).token
     store.commit(a.output_path, me, token)
-    # b: running here, now, with progress and training metrics.
+    # b: running here, now, with progress and training metrics (its function has started).
     running = store.acquire(b.output_path, me, TTL).token
+    started = Path(b.output_path) / ".logs" / f"attempt-{running}.started"
+    started.parent.mkdir(parents=True, exist_ok=True)
+    started.write_text(json.dumps({"time": time.time(), "where": "here"}))
     # c: RUNNING, but its runner (a pid that does not exist on this host) is gone.
     ghost = Owner("ghostrun0000", me.host, 2**22 + 12345, None)
     store.acquire(c.output_path, ghost, TTL)
@@ -245,3 +249,19 @@ def test_a_narrow_terminal_never_cuts_a_step_name_short():
     console = Console(file=io.StringIO(), width=90, record=True, force_terminal=False)
     console.print(status_table(rows, now=time.time()))
     assert label in console.export_text()
+
+
+def test_an_attempt_whose_function_has_not_started_is_queued_and_timed_from_its_start(tmp_path):
+    """Regression: steps whose Ray tasks waited for resources showed RUNNING, their durations
+    rising (5 "running" on 2 CPUs); they are QUEUED until their function starts."""
+    store, me = StepStore(LocalStorage()), current_owner()
+    entry = StepEntry("train/q-000000000009", "train/q", str(tmp_path / "train" / "q-000000000009"))
+    token = store.acquire(entry.output_path, me, TTL).token
+    (row,) = read_status([entry], store, now=time.time(), local_host=me.host)
+    assert row.state == "QUEUED" and "has not started" in row.detail
+    marker = Path(entry.output_path) / ".logs" / f"attempt-{token}.started"
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    began = time.time() + 30  # it waited 30 s for resources
+    marker.write_text(json.dumps({"time": began, "where": "pid 1 on node"}))
+    (row,) = read_status([entry], store, now=began + 5, local_host=me.host)
+    assert row.state == "RUNNING" and row.started == began and row.duration(began + 5) == 5
