@@ -11,8 +11,9 @@ PYTEST_ARGS ?=
 
 # pip installs uv (hashes checked, requirements-bootstrap.lock), and uv installs the lock: the same
 # pinned packages and hashes as pip would, downloaded and unpacked in parallel (pip took about 3 of
-# a fresh clone's 5 minutes; docs/recipes.md has the timings).
-UV := $(BIN)/uv pip install --quiet --python $(BIN)/python --require-hashes --no-deps
+# a fresh clone's 5 minutes; docs/recipes.md has the timings). Bytecode is compiled at install,
+# as pip does: without it every first import compiles thousands of modules, in every process.
+UV := $(BIN)/uv pip install --quiet --python $(BIN)/python --require-hashes --no-deps --compile-bytecode
 
 $(STAMP): requirements.lock requirements-bootstrap.lock pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; set PYTHON=/path/to/python3.11" >&2; exit 2; }
