@@ -20,6 +20,7 @@ from pipeline.core.numbers import usable_time
 from pipeline.errors import StorageError
 
 __all__ = [
+    "ANNOUNCES_START",
     "NOTES",
     "REMOTE_WORKERS",
     "Event",
@@ -221,6 +222,11 @@ class StepRecord:
         """RUNNING events recorded: attempts started, over all runs."""
         return sum(1 for e in self.events if e.event == Event.RUNNING)
 
+
+ANNOUNCES_START = "announces_start"
+"""The `RUNNING` event's data key saying the attempt's function writes `.logs/attempt-<token>.started`
+when it starts: the backend may hold it queued for resources after its lease is taken (Ray), so
+until the marker exists the attempt is queued, not running (`drydock status`)."""
 
 REMOTE_WORKERS = "remote_workers"
 """The `RUNNING` event's data key saying the attempt's step runs in workers that may be on

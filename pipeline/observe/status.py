@@ -29,7 +29,7 @@ from rich.text import Text
 from pipeline.core.dag import Dag
 from pipeline.core.figures import figures_text, live_figures
 from pipeline.core.numbers import finite_number
-from pipeline.core.records import Event, StatusEvent
+from pipeline.core.records import ANNOUNCES_START, Event, StatusEvent
 from pipeline.observe.live import Shown, live_state, runner_gone
 from pipeline.observe.metrics import read_metrics_tail
 from pipeline.observe.render import label_width
@@ -151,7 +151,8 @@ def _status(entry: StepEntry, store: StepStore, now: float, local_host: str) -> 
         attempt = int(latest_run.data.get("attempt", record.attempts)) if latest_run.data else record.attempts
     ended = last.time if last.event != Event.RUNNING else None
     started = latest_run.time if latest_run else None
-    if state == Event.RUNNING and latest_run is not None:
+    announced = latest_run is not None and bool((latest_run.data or {}).get(ANNOUNCES_START))
+    if state == Event.RUNNING and announced:
         # The lease is taken when the attempt is handed to the backend; its function starts when
         # Ray finds it resources. Until then it is queued, and its time runs from its start.
         began = _function_started(store, entry.output_path, latest_run.token)

@@ -144,6 +144,7 @@ class Attempts:
             skew=self.options.clock_skew,
             stale=self.stale_leases.pop(label, None),
             remote_workers=self.backend.remote_workers,
+            announces_start=self.backend.queues,
         )
         if isinstance(taken, AlreadyDone):
             return AttemptEvent(label, Ending.DONE_ELSEWHERE)

@@ -60,12 +60,15 @@ def dump_stacks(step_thread: int, header: str) -> str:
 
 def announce_start(context: StepContext) -> None:
     """Say that the attempt's function is starting (`<step>/.logs/attempt-<token>.started`), once,
-    from the gang's first host. Until then an attempt is queued (its lease taken, its Ray task
-    waiting for resources): `drydock status` shows QUEUED, and times the attempt from here. The
+    from the gang's first host, on a backend where it may queue for resources after its lease is
+    taken (Ray; `Backend.queues`): until then `drydock status` shows it QUEUED, and it times the
+    attempt from here. The
     runner also holds the steps that follow it (evaluations of its checkpoints) until then, so
     that they never take the resources it needs to start. A failed write is logged, never
     raised: the followers then start when this step ends, and status shows it queued."""
-    if context.gang.index != 0:
+    # On the local backend a function starts as soon as its lease is taken: nothing to announce
+    # unless steps follow it (then the marker is what releases them). Ray's tasks may queue.
+    if context.gang.index != 0 or (context.backend == "local" and not context.followed):
         return
     from pipeline.storage.opening import open_storage
 

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 from pipeline.core.lease import LeaseRecord, Owner, is_stale
 from pipeline.core.numbers import finite_number, usable_time
 from pipeline.core.records import (
+    ANNOUNCES_START,
     NOTES,
     REMOTE_WORKERS,
     Event,
@@ -227,6 +228,7 @@ class StepStore:
         skew: float = 0.0,
         stale: LeaseRecord | None = None,
         remote_workers: bool = False,
+        announces_start: bool = False,
     ) -> Acquired | Held | AlreadyDone:
         """Take the step's lease and record RUNNING, or say who holds it / that it is done.
 
@@ -236,6 +238,8 @@ class StepStore:
         is still exactly `stale`, a record the caller has watched stay unchanged (`LeaseWatch`).
         `remote_workers`: the caller's backend may run the step on another host, where it can
         outlive the caller (recorded in `RUNNING`; see `may_outlive_runner`).
+        `announces_start`: the attempt's function will write its `.started` marker (a backend that may
+        queue it after this lease: Ray), recorded in `RUNNING` for `drydock status`.
         """
         status_path = f"{step_dir}/{STATUS}"
         raw = self.storage.read(status_path)
@@ -282,6 +286,8 @@ class StepStore:
             data: dict[str, Any] = {"attempt": attempt}
             if remote_workers:
                 data[REMOTE_WORKERS] = True
+            if announces_start:
+                data[ANNOUNCES_START] = True
             event = StatusEvent(Event.RUNNING, token, self.clock(), owner.run_id, data=data)
             return complete_lines(old) + event.dump()
 

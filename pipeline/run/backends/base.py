@@ -62,6 +62,10 @@ class Backend(abc.ABC):
     (threads of the executor's process) and `ray`."""
 
     name: str = "backend"
+    queues: bool = False
+    """Whether an attempt may wait for resources after its lease is taken (Ray's scheduler): then
+    its function announces its start (`pipeline.run.pulse.announce_start`) and `drydock status`
+    shows it QUEUED until then. The local backend starts a function as soon as it leases it."""
     remote_workers: bool = False
     """Whether step functions may run on another host than the executor: then they can outlive
     a killed executor for a while, and its steps are taken over only once their leases expire

@@ -207,6 +207,7 @@ class RayBackend(Backend):
     """Runs steps as Ray tasks on a local instance or a cluster."""
 
     name = "ray"
+    queues = True
 
     @classmethod
     def create(cls, options: RayOptions, *, verbose: bool = False) -> RayBackend:

@@ -256,7 +256,7 @@ def test_an_attempt_whose_function_has_not_started_is_queued_and_timed_from_its_
     rising (5 "running" on 2 CPUs); they are QUEUED until their function starts."""
     store, me = StepStore(LocalStorage()), current_owner()
     entry = StepEntry("train/q-000000000009", "train/q", str(tmp_path / "train" / "q-000000000009"))
-    token = store.acquire(entry.output_path, me, TTL).token
+    token = store.acquire(entry.output_path, me, TTL, announces_start=True).token  # as Ray's do
     (row,) = read_status([entry], store, now=time.time(), local_host=me.host)
     assert row.state == "QUEUED" and "has not started" in row.detail
     marker = Path(entry.output_path) / ".logs" / f"attempt-{token}.started"
@@ -265,3 +265,8 @@ def test_an_attempt_whose_function_has_not_started_is_queued_and_timed_from_its_
     marker.write_text(json.dumps({"time": began, "where": "pid 1 on node"}))
     (row,) = read_status([entry], store, now=began + 5, local_host=me.host)
     assert row.state == "RUNNING" and row.started == began and row.duration(began + 5) == 5
+    # The local backend starts a function as it leases it, and writes no marker: RUNNING.
+    local = StepEntry("train/l-000000000010", "train/l", str(tmp_path / "train" / "l-000000000010"))
+    store.acquire(local.output_path, me, TTL)
+    (row,) = read_status([local], store, now=time.time(), local_host=me.host)
+    assert row.state == "RUNNING"

@@ -118,8 +118,12 @@ def test_exception_is_failed_with_remote_traceback_and_retried_on_its_budget(tmp
     assert "first attempt fails on purpose" in events[1].data["traceback"]
     assert "rayfns.py" in events[1].data["traceback"]  # the worker's traceback, not the driver's
     # A private instance's workers are on this host (they stop when the driver exits): a rerun
-    # after a killed driver may take over at once, so nothing says otherwise.
-    assert [e.data for e in events if e.event == Event.RUNNING] == [{"attempt": 1}, {"attempt": 2}]
+    # after a killed driver may take over at once, so nothing says otherwise. A Ray task may
+    # queue after its lease is taken: it announces its start (status shows QUEUED until then).
+    assert [e.data for e in events if e.event == Event.RUNNING] == [
+        {"attempt": 1, "announces_start": True},
+        {"attempt": 2, "announces_start": True},
+    ]
 
 
 def test_exception_without_budget_fails_the_run(tmp_path):
@@ -171,8 +175,9 @@ def test_sys_exit_is_a_failure_not_a_lost_node_and_failed_attempts_keep_their_lo
     events = StepStore(LocalStorage()).events(str(step_dir))
     assert [e.event for e in events] == [Event.RUNNING, Event.FAILED]
     assert "\x1b[" not in events[-1].data["traceback"]  # no terminal colours in stored tracebacks
-    (log,) = (step_dir / ".logs").iterdir()
+    (log,) = (step_dir / ".logs").glob("*.log")
     assert "about to exit" in log.read_text() and "SystemExit" in log.read_text()
+    assert (step_dir / ".logs" / "attempt-1.started").exists()  # a Ray task says when it starts
 
 
 def test_an_unreachable_cluster_address_fails_fast(tmp_path):

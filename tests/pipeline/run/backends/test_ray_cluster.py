@@ -99,7 +99,7 @@ def test_v4_16_slice_is_gang_scheduled_on_both_hosts(cluster, tmp_path):
     assert all(h["resources"]["TPU"] == 4 for h in hosts)
     assert all(h["env"]["PROBE_RUN"] == "1" and h["env"]["DRYDOCK_TPU_TYPE"] == "v4-16" for h in hosts)
     logs = sorted(p.name for p in (step_dir / ".logs").iterdir())
-    assert logs == ["attempt-1-slice-0-host-0.log", "attempt-1-slice-0-host-1.log"]
+    assert logs == ["attempt-1-slice-0-host-0.log", "attempt-1-slice-0-host-1.log", "attempt-1.started"]
 
 
 def test_multislice_gets_megascale_coordinates(cluster, tmp_path):
@@ -144,7 +144,7 @@ def test_a_gang_of_two_hosts_runs_one_process_on_each_with_one_coordinator(clust
     assert host0_ip.startswith("127.0.0.") and int(port) > 0
     assert sorted(h["env"]["DRYDOCK_GANG_INDEX"] for h in hosts) == ["0", "1"]
     logs = sorted(p.name for p in (step_dir / ".logs").iterdir())
-    assert logs == ["attempt-1-host-0.log", "attempt-1-host-1.log"]
+    assert logs == ["attempt-1-host-0.log", "attempt-1-host-1.log", "attempt-1.started"]
 
 
 def labels_of(address: str, hosts: list[dict]) -> set[str]:
@@ -337,8 +337,8 @@ def test_killed_node_is_preempted_and_the_step_retried_elsewhere(cluster, tmp_pa
     # On a cluster the step may run on another host than the driver: a rerun after the driver is
     # killed waits for the lease to expire rather than trusting the driver's pid alone.
     assert [e.data for e in events if e.event == Event.RUNNING] == [
-        {"attempt": 1, "remote_workers": True},
-        {"attempt": 2, "remote_workers": True},
+        {"attempt": 1, "remote_workers": True, "announces_start": True},
+        {"attempt": 2, "remote_workers": True, "announces_start": True},
     ]
     hosts = probes(step_dir)
     assert len(hosts) == 1
