@@ -9,14 +9,23 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import levanter.eval
 import levanter.tracker
 import levanter.tracker.tracker_fns as tracker_fns
 import numpy as np
 from levanter.tracker.tracker import NoopTracker
 
+from steps.training.tracker import evaluating
+
 logger = logging.getLogger(__name__)
 
-__all__ = ["fix_eval_tag_arrays", "fix_mixtral_jit_log", "fresh_tensorstore_cache", "jit_log_breaks_grad"]
+__all__ = [
+    "fix_eval_tag_arrays",
+    "fix_mixtral_jit_log",
+    "fresh_tensorstore_cache",
+    "jit_log_breaks_grad",
+    "keep_alive_while_evaluating",
+]
 
 _ORIGINAL_JIT_LOG = tracker_fns.jit_log
 
@@ -118,3 +127,28 @@ def fresh_tensorstore_cache() -> None:
                 setattr(module, name, new)
             elif callable(value) and getattr(value, "__defaults__", None):
                 value.__defaults__ = tuple(new if d is old else d for d in value.__defaults__)
+
+
+def keep_alive_while_evaluating() -> None:
+    """Make Levanter's in-training evaluation callback report progress while it runs
+    (`steps.training.tracker.evaluating`): train_lm builds it with `levanter.eval.cb_tagged_lm_evaluate`,
+    looked up on the module at each call, so wrapping that attribute wraps every evaluation."""
+    original = levanter.eval.cb_tagged_lm_evaluate
+    if getattr(original, "_drydock_keepalive", False):
+        return
+
+    @functools.wraps(original)
+    def build(*args: Any, **kwargs: Any) -> Any:
+        callback = original(*args, **kwargs)
+
+        # Levanter passes `force=` to hooks whose signature takes it: the wrapper shows the
+        # callback's own signature (`inspect.signature` follows `__wrapped__`).
+        @functools.wraps(callback)
+        def evaluate(*cb_args: Any, **cb_kwargs: Any) -> Any:
+            with evaluating():
+                return callback(*cb_args, **cb_kwargs)
+
+        return evaluate
+
+    build._drydock_keepalive = True  # type: ignore[attr-defined]
+    levanter.eval.cb_tagged_lm_evaluate = build

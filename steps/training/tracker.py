@@ -7,6 +7,8 @@ storage it publishes through `steps.training.metrics.MetricsUploader`.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import json
 import logging
@@ -15,7 +17,7 @@ import posixpath
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import fsspec
@@ -61,6 +63,39 @@ def _flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _finite(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+_CURRENT: list[JsonlTracker] = []
+"""The newest tracker of this process (its training's current attempt), for `evaluating`."""
+
+HEARTBEAT_SECONDS = 10.0
+"""How often progress is reported again while an in-training evaluation runs."""
+
+
+@contextlib.contextmanager
+def evaluating(every: float = HEARTBEAT_SECONDS) -> Iterator[None]:
+    """While an in-training evaluation runs (no training step is logged), report the last
+    progress again every `every` seconds from a thread of its own: the runner's watchdog sees the
+    training alive. An evaluation of a whole validation set can outlast the watchdog's bound
+    (a tiny gang's 20 s; 120 s by default), and nothing else reports during it."""
+    trackers = list(_CURRENT)
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(every):
+            for tracker in trackers:
+                tracker.heartbeat()
+
+    # The thread inherits the step's context (its write fence included).
+    thread = threading.Thread(
+        target=contextvars.copy_context().run, args=(beat,), name="drydock-eval-heartbeat", daemon=True
+    )
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 class JsonlTracker(Tracker):
@@ -122,6 +157,8 @@ class JsonlTracker(Tracker):
         self._recent: deque[tuple[int, float]] = deque(maxlen=RATE_WINDOW)
         self._reported: tuple[int, int | None, float] | None = None
         """(done, total, loss) of the last progress report, to report again after an evaluation."""
+        self._last_figures: dict[str, Any] = {}
+        _CURRENT[:] = [self]  # a rewind's or a retry's new tracker replaces the one before
         self._latest: dict[str, float] = {}
         # The predicted eval loss: a resumed attempt catches up on the evaluations already made.
         self._prediction = None if prediction is None else PredictionWatch(prediction)
@@ -174,6 +211,7 @@ class JsonlTracker(Tracker):
             done = record["step"] + 1
             self._reported = (done, total, float(loss))
             figures = self._figures(done, total, float(loss), record["wall_time"])
+            self._last_figures = figures
             step_events.progress(done, total, "steps", data=figures, context=self._context)
         elif compared and self._reported is not None:
             # An evaluation logged on its own (Levanter's hook, after the step's loss; the final
@@ -182,6 +220,14 @@ class JsonlTracker(Tracker):
             done, total, last_loss = self._reported
             figures = self._figures(done, total, last_loss, record["wall_time"])
             step_events.progress(done, total, "steps", data=figures, context=self._context)
+
+    def heartbeat(self) -> None:
+        """Report the last progress again, now: the same step, a new time. The watchdog takes a
+        new report as a sign of life (not of pace), so a long evaluation is not a hang."""
+        if self._reported is None:
+            return
+        done, total, _loss = self._reported
+        step_events.progress(done, total, "steps", data=self._last_figures, context=self._context)
 
     def _figures(self, done: int, total: int | None, loss: float, now: float) -> dict[str, Any]:
         """What `.progress` carries for status and the dashboard (see `docs/observing.md`)."""

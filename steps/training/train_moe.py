@@ -349,7 +349,11 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
 
     from steps.data.mixture import load_data_config
     from steps.files import write_file
-    from steps.training.levanter_fixes import fix_eval_tag_arrays, fix_mixtral_jit_log
+    from steps.training.levanter_fixes import (
+        fix_eval_tag_arrays,
+        fix_mixtral_jit_log,
+        keep_alive_while_evaluating,
+    )
     from steps.training.models import to_levanter
 
     out = config.output
@@ -363,6 +367,7 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
     if config.model.family == "mixtral":
         fix_mixtral_jit_log()
     fix_eval_tag_arrays()
+    keep_alive_while_evaluating()
     if gang.leader:
         write_file(
             os.path.join(out, "levanter_model.json"),

@@ -73,3 +73,29 @@ def test_levanter_mixtral_logging_bug_is_still_present():
     assert jit_log_breaks_grad(), (
         "Levanter fixed jit_log under grad: remove steps.training.levanter_fixes.fix_mixtral_jit_log"
     )
+
+
+def test_an_evaluation_reports_progress_again_so_the_watchdog_sees_the_training_alive(tmp_path, monkeypatch):
+    """Regression: nothing reported during an in-training evaluation, so one of a whole validation
+    set outlasting the watchdog's bound (a tiny gang's 20 s) was taken for a hang."""
+    import time
+
+    from steps.training.tracker import evaluating
+
+    monkeypatch.setattr(step_events, "PROGRESS_INTERVAL", 0.0)
+    step_dir = str(tmp_path / "step")
+    store = StepStore(LocalStorage())
+    owner = current_owner()
+    token = store.acquire(step_dir, owner, ttl=60).token
+    with step_events.bind(step_events.StepContext(step_dir, owner.run_id, token)):
+        tracker = JsonlTracker(str(tmp_path / "metrics.jsonl"))
+    tracker.log({"train/loss": 2.0, "run_progress": 0.5}, step=9)
+    before = store.read_progress(step_dir)
+    assert before["done"] == 10
+    with evaluating(every=0.05):
+        time.sleep(0.4)  # the evaluation
+    after = store.read_progress(step_dir)
+    assert after["done"] == 10 and after["time"] > before["time"]  # the same step, a sign of life
+    assert after["data"]["loss"] == 2.0
+    time.sleep(0.2)
+    assert store.read_progress(step_dir) == after  # no report once the evaluation is over
