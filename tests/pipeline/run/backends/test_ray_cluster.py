@@ -76,7 +76,10 @@ def node_labels(address: str) -> dict[str, str]:
     out = subprocess.run(
         [sys.executable, "-c", code], env=ray_env(address), capture_output=True, text=True, check=True
     )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    # The driver's own line; Ray may print others around it.
+    found = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    assert found, (out.stdout, out.stderr[-3000:])
+    return json.loads(found[-1])
 
 
 def test_v4_16_slice_is_gang_scheduled_on_both_hosts(cluster, tmp_path):
