@@ -33,7 +33,7 @@ from pipeline.core.records import ANNOUNCES_START, Event, StatusEvent
 from pipeline.observe.live import Shown, live_state, runner_gone
 from pipeline.observe.metrics import read_metrics_tail
 from pipeline.observe.render import label_width
-from pipeline.storage.layout import LOGS_DIR, started_name
+from pipeline.storage.layout import started_path
 from pipeline.storage.opening import map_reads
 from pipeline.storage.step_store import StepStore
 
@@ -181,7 +181,7 @@ def _function_started(store: StepStore, step_dir: str, token: int | None) -> flo
     """When the attempt `token`'s function started (its `.started` marker), or None if it has not."""
     if token is None:
         return None
-    data = store.storage.read(f"{step_dir}/{LOGS_DIR}/{started_name(token)}")
+    data = store.storage.read(started_path(step_dir, token))
     if data is None:
         return None
     try:

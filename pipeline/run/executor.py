@@ -30,7 +30,7 @@ from pipeline.run.attempt import Attempts, ExecutionOptions
 from pipeline.run.backends.base import Backend
 from pipeline.run.endings import AttemptEvent, Ending
 from pipeline.run.reporter import Reporter
-from pipeline.storage.layout import LOGS_DIR, started_name
+from pipeline.storage.layout import started_path
 from pipeline.storage.step_store import StepStore
 
 __all__ = ["ExecutionOptions", "Reporter", "RunReport", "StepOutcome", "execute"]
@@ -201,7 +201,7 @@ class _Execution:
             token = self.attempts.tokens.get(label)
             if token is None:
                 continue  # its lease is not taken yet
-            marker = f"{self.dag.nodes[label].output_path.rstrip('/')}/{LOGS_DIR}/{started_name(token)}"
+            marker = started_path(self.dag.nodes[label].output_path, token)
             try:
                 found = self.store.storage.read(marker) is not None
             except Exception as e:

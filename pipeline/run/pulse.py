@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from pipeline.run import step_events
 from pipeline.run.fence import LeaseExpired
 from pipeline.run.step_events import StepContext
-from pipeline.storage.layout import LOGS_DIR, dump_request_name, pulse_name, stacks_name, started_name
+from pipeline.storage.layout import LOGS_DIR, dump_request_name, pulse_name, stacks_name, started_path
 
 __all__ = ["PULSE_SECONDS", "announce_start", "pulse"]
 
@@ -72,7 +72,7 @@ def announce_start(context: StepContext) -> None:
         return
     from pipeline.storage.opening import open_storage
 
-    path = f"{context.output_path.rstrip('/')}/{LOGS_DIR}/{started_name(context.token)}"
+    path = started_path(context.output_path, context.token)
     record = {"time": time.time(), "where": f"pid {os.getpid()} on {socket.gethostname()}"}
     try:
         step_events.check_lease(f"the start marker {path}")

@@ -48,6 +48,7 @@ __all__ = [
     "split_label",
     "stacks_name",
     "started_name",
+    "started_path",
     "step_dir",
 ]
 
@@ -129,6 +130,11 @@ def started_name(token: int) -> str:
     """Written when an attempt's function starts running (by the gang's first host): the runner
     then starts the steps that follow it (`pipeline.core.run_state`)."""
     return f"attempt-{token}.started"
+
+
+def started_path(step_dir: str, token: int) -> str:
+    """Where the attempt `token` of the step in `step_dir` says its function started."""
+    return f"{step_dir.rstrip('/')}/{LOGS_DIR}/{started_name(token)}"
 
 
 def dump_request_name(token: int) -> str:
