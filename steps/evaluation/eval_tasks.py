@@ -191,11 +191,13 @@ def registry_names() -> frozenset[str]:
 
 
 @functools.cache
-def task_manager() -> Any:
-    """lm-eval's TaskManager, indexed once per process (about 10 s)."""
+def task_manager(registry: bool = True) -> Any:
+    """lm-eval's TaskManager, indexed once per process. `registry=False`: without lm-eval's own
+    task registry, for a step whose tasks are all inline (their specs are whole): indexing the
+    registry reads some 14,000 YAML files, about 10 s of every such step."""
     from lm_eval.tasks import TaskManager
 
-    return TaskManager()
+    return TaskManager(include_defaults=registry)
 
 
 def registry_leaves(name: str) -> list[str]:

@@ -152,7 +152,7 @@ def build_tasks(
     reports each task under (by `EvalTask.key`)."""
     from lm_eval.tasks import get_task_dict
 
-    manager = task_manager()
+    manager = task_manager(registry=not all(task.inline for task in tasks))
     task_dict: dict[Any, Any] = {}
     names: dict[str, str] = {}
     seen: set[str] = set()
