@@ -20,6 +20,8 @@ touching the step library, and a newcomer has one page to read:
     write_atomically     one file written whole or not at all (`.tmp-*` first: gc finds leftovers)
     open_storage         the prefix's storage, for steps that write through it
     StepCancelled        raised into a step function when its run is cancelled
+    StepPreempted        raise it to end an attempt as PREEMPTED, to be retried (a training that
+                         saved its checkpoint on a preemption notice)
     metrics.jsonl        the per-step metrics format every reader shares: `METRICS_FILE`,
                          `METRICS_DIR` (segments on object storage), `ALIASES`, `parse_metrics`,
                          `parse_events`, `read_metrics_data`, `metrics_files`, `segment_name`,
@@ -30,7 +32,7 @@ docs/architecture.md, "The step library", says how to add a step kind with these
 
 from __future__ import annotations
 
-from pipeline.errors import StepCancelled
+from pipeline.errors import StepCancelled, StepPreempted
 from pipeline.observe.metrics import (
     ALIASES,
     METRICS_DIR,
@@ -58,6 +60,7 @@ __all__ = [
     "LeaseExpired",
     "LeaseGuard",
     "StepCancelled",
+    "StepPreempted",
     "branch_event",
     "check_lease",
     "current_gang",

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 import sys
 import threading
 import warnings
+
+from steps.compilation_cache import compilation_cache_dir, count_compilations, use_compilation_cache
 
 __all__ = ["LEVANTER", "LEVANTER_MODELS", "compilation_cache_dir", "import_ml", "quiet_known_noise"]
 
@@ -44,34 +45,15 @@ LEVANTER_MODELS = (
 counting a drydock_moe model's parameters."""
 
 
-def compilation_cache_dir() -> str:
-    """Where JAX's persistent compilation cache is: `$JAX_COMPILATION_CACHE_DIR`, else
-    `$DRYDOCK_CACHE_DIR/jax`, else `~/.cache/drydock/jax`."""
-    explicit = os.environ.get("JAX_COMPILATION_CACHE_DIR")
-    if explicit:
-        return explicit
-    base = os.environ.get("DRYDOCK_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "drydock")
-    return os.path.join(base, "jax")
-
-
-def _use_compilation_cache() -> None:
-    """Point JAX's persistent compilation cache at `compilation_cache_dir()` (environment
-    variables, read when JAX is imported; a process that imported JAX already keeps its own).
-    Every program is kept, however quick to compile: a training compiles a dozen small ones."""
-    if "jax" in sys.modules:
-        return
-    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", compilation_cache_dir())
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-
-
 def import_ml(*modules: str) -> None:
     """Import NumPy, then `modules` (e.g. `*LEVANTER`), under one lock, JAX with its compilation
     cache; silence known noise."""
     with _LOCK:
-        _use_compilation_cache()
+        use_compilation_cache()
         for name in ("numpy", *modules):
             importlib.import_module(name)
+        if "jax" in sys.modules:
+            count_compilations()
         quiet_known_noise()
 
 

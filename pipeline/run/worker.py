@@ -7,8 +7,8 @@
     thread only when the step runs in the executor's process (`Placement.THREAD`), every thread
     of the process when it runs in a worker of its own (`Placement.PROCESS`, a Ray worker);
   * in a worker process, turns `sys.exit()` into a failure (left alone it would end the worker,
-    which looks like a lost machine) and copies the step's output into
-    `<output>/.logs/attempt-<token>.log` however the attempt ends;
+    which looks like a lost machine) and SIGTERM into a preemption (`sigterm_preempts`), and
+    copies the step's output into `<output>/.logs/attempt-<token>.log` however the attempt ends;
   * raises `LeaseExpired` when a write was refused, even if the function caught the refusal:
     its output is then incomplete.
 
@@ -21,11 +21,14 @@ from __future__ import annotations
 import contextlib
 import enum
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from pipeline.core.lease import LeaseRecord
+from pipeline.errors import StepPreempted
 from pipeline.processes import host_id, pid_alive
 from pipeline.run import step_events
 from pipeline.run.fence import Fence, LeaseExpired, fenced_process, fenced_thread, watch_lease
@@ -34,7 +37,7 @@ from pipeline.run.step_events import StepContext
 from pipeline.run.step_logs import captured, captured_thread
 from pipeline.step import hooks_of
 
-__all__ = ["Placement", "call_step", "lease_fence"]
+__all__ = ["Placement", "WorkerStopped", "call_step", "lease_fence", "sigterm_preempts"]
 
 
 class Placement(enum.Enum):
@@ -78,7 +81,10 @@ def call_step(
         try:
             # A step that keeps a pace (`step_function(..., watchdog=...)`) says how it is doing
             # every few seconds, and saves its stacks when the runner's watchdog asks.
-            with pulse(context) if hooks_of(fn).watchdog is not None else contextlib.nullcontext():
+            with (
+                pulse(context) if hooks_of(fn).watchdog is not None else contextlib.nullcontext(),
+                sigterm_preempts() if placement is Placement.PROCESS else contextlib.nullcontext(),
+            ):
                 fn(config)
         except SystemExit as e:
             if placement is Placement.THREAD:
@@ -88,6 +94,35 @@ def call_step(
         # The function returned although a write was refused (it caught the refusal, or a thread
         # of its own hit it): its output is incomplete.
         raise LeaseExpired(f"step {fence.label}: the lease may have expired; refused {fence.refused}")
+
+
+class WorkerStopped(StepPreempted):
+    """The step's worker process got SIGTERM: its node is being drained, its pod deleted or its
+    VM preempted. The attempt ends as PREEMPTED and is retried (elsewhere, or here later)."""
+
+
+@contextlib.contextmanager
+def sigterm_preempts() -> Iterator[None]:
+    """While a step runs in a worker process of its own, SIGTERM ends it as preempted.
+
+    Ray, Kubernetes and spot VMs send SIGTERM before they take a machine away. Ray's own handler
+    in its workers calls `sys.exit(1)`, which a step's attempt would take for its failure; this
+    one raises `WorkerStopped` in the step instead. A step that can do better with the notice
+    (a training saves a checkpoint first: `steps.training.preemption`) installs its own handler
+    inside. Signal handlers belong to the main thread, where Ray runs a task; elsewhere nothing
+    changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stopped(signum: int, frame: Any) -> None:
+        raise WorkerStopped("the worker got SIGTERM (its node drained, its pod deleted or its VM preempted)")
+
+    previous = signal.signal(signal.SIGTERM, stopped)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class _Driver:

@@ -33,6 +33,7 @@ from steps.training.spikes import (
     read_rewinds,
     skipped_ranges,
 )
+from steps.training.startup import start_record
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +128,8 @@ def train_attempts(
         "final_step": final_step,
         "wall_seconds": time.time() - started,
         "interventions": count_interventions(read_events(metrics)),
+        # This attempt's time to its first step and the compilation cache's part in it.
+        "start": start_record(),
         **({"export": exported} if exported else {}),
         **({"processes": gang.size} if gang.distributed else {}),
     }

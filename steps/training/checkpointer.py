@@ -14,7 +14,8 @@ from levanter.checkpoint import Checkpointer, CheckpointerConfig
 
 from pipeline.steplib import step_events
 from steps.files import exists
-from steps.training.gang_sync import exchange
+from steps.training import preemption
+from steps.training.gang_sync import barrier, exchange
 from steps.training.metrics import publish_metrics
 
 logger = logging.getLogger(__name__)
@@ -47,6 +48,22 @@ class MetricsCheckpointer(Checkpointer):
     metrics_path: str
     retention: dict[str, Any] | None = None
     """`prune_checkpoints` arguments (interval, keep, keep_every, final_step); None keeps all."""
+
+    def on_step(self, *, tree: Any, step: int, force: bool = False) -> None:
+        """Levanter's, but on a preemption notice decided at this step (every process of the
+        gang decided at the same one): save it whatever the interval, wait for the commit, and
+        end the attempt (`steps.training.preemption`)."""
+        notice = preemption.decided()
+        if notice is None or int(step) < notice:
+            super().on_step(tree=tree, step=step, force=force)
+            return
+        if int(step) != getattr(self, "_last_save_step", None):
+            super().on_step(tree=tree, step=step, force=True)
+        self.wait_until_finished()
+        # Every process past its save (and the leader past the commit) before any of them ends:
+        # the runner stops a gang's other processes as soon as one ends.
+        barrier(f"drydock-notice-{int(step)}")
+        raise preemption.stopped(int(step))
 
     def save_checkpoint(
         self, tree: Any, step: int, destination: str, commit_callback: Any = None, **kwargs: Any

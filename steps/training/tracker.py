@@ -28,10 +28,12 @@ from levanter.tracker.tracker import Tracker, TrackerConfig
 from pipeline.steplib import step_events
 from steps.files import local_path, write_file
 from steps.scaling.prediction import Curve, PredictionWatch
+from steps.training import preemption
 from steps.training.checkpointer import last_saved
 from steps.training.gang_sync import exchange
 from steps.training.metrics import read_events, read_metrics
 from steps.training.spikes import RewindNeeded, SpikeDetector, SpikePolicy, count_interventions
+from steps.training.startup import first_step
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +160,7 @@ class JsonlTracker(Tracker):
         self._reported: tuple[int, int | None, float] | None = None
         """(done, total, loss) of the last progress report, to report again after an evaluation."""
         self._last_figures: dict[str, Any] = {}
+        self._started = False
         _CURRENT[:] = [self]  # a rewind's or a retry's new tracker replaces the one before
         self._latest: dict[str, float] = {}
         # The predicted eval loss: a resumed attempt catches up on the evaluations already made.
@@ -203,6 +206,9 @@ class JsonlTracker(Tracker):
         for key, short in (("throughput/tokens_per_second", "tokens_per_second"), ("throughput/mfu", "mfu")):
             if isinstance(record.get(key), int | float):
                 self._latest[short] = float(record[key])
+        if isinstance(loss, int | float) and not self._started:
+            self._started = True
+            first_step(record["step"], record["wall_time"])
         if isinstance(loss, int | float):
             # Levanter logs run_progress = step / num_train_steps beside the loss, where `step` is
             # the 0-based index of the step just finished: step + 1 steps are done.
@@ -337,12 +343,17 @@ def decide_together(step: int, rewind: RewindNeeded | None, guard: step_events.L
     """At the loss of `step`, on every process of the gang (a collective; nothing in a gang of
     one): share the leader's `rewind` (None elsewhere) and whether any process's lease may have
     expired, then act on it everywhere. A lost lease stops every process (`LeaseExpired`); a
-    rewind raises `RewindNeeded` everywhere, the leader's own (with the losses it logs)."""
+    rewind raises `RewindNeeded` everywhere, the leader's own (with the losses it logs); a
+    preemption notice on any process makes every one save this step and stop
+    (`steps.training.preemption`)."""
     fence = guard.fence
     lost = fence is not None and fence.remaining() <= 0
     reason = _REASONS.index(rewind.reason) if rewind is not None and rewind.reason in _REASONS else 0
     row = [int(rewind is not None), rewind.trigger_step if rewind else 0, rewind.first_step if rewind else 0]
-    rows = exchange([*row, reason, int(lost)])
+    rows = exchange([*row, reason, int(lost), int(preemption.received())])
+    if rows[:, 5].any():
+        # A notice on any host: every host saves this step's checkpoint and stops (its hook).
+        preemption.decide(step)
     if rows[:, 4].any():
         hosts = ", ".join(str(i) for i in np.flatnonzero(rows[:, 4]))
         guard.lost(f"training step {step + 1}", f"process(es) {hosts} of the gang may have lost the lease")

@@ -81,7 +81,9 @@ from steps.training.estimates import (
 from steps.training.gang_sync import join_gang
 from steps.training.mesh import MeshSpec
 from steps.training.models import MoeModelConfig
+from steps.training.preemption import notice_handler
 from steps.training.spikes import REWINDS_FILE, SpikePolicy, Stability, read_rewinds
+from steps.training.startup import attempt_started, libraries_imported
 
 __all__ = [
     "MeshSpec",
@@ -339,7 +341,9 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
     rewinds, the model config, the result), and every decision to leave the training loop is
     taken together (`steps.training.gang_sync`).
     """
+    attempt_started()  # before the imports: a restart pays for them too
     import_ml(*LEVANTER_MODELS)
+    libraries_imported()
     _check(config)
     gang = current_gang()
     join_gang(gang)  # before anything touches a JAX backend
@@ -398,7 +402,10 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
         while not _ONE_TRAINING.acquire(timeout=1.0):
             pass  # back in Python each second, so a cancel (raised at the next instruction) lands
     try:
-        return train_attempts(config, gang, data, model, vocab, checkpoints, metrics, curve, rewinds, branch)
+        with notice_handler():  # SIGTERM: save the step in hand and stop, to be retried from it
+            return train_attempts(
+                config, gang, data, model, vocab, checkpoints, metrics, curve, rewinds, branch
+            )
     finally:
         _ONE_TRAINING.release()
 

@@ -1,6 +1,6 @@
 """`steps.imports.import_ml`: JAX comes with its persistent compilation cache, under the Drydock
 cache directory unless JAX_COMPILATION_CACHE_DIR says where; a second process loads what the first
-compiled."""
+compiled, and says so (`steps.compilation_cache.compilation_stats`)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,10 @@ import_ml("jax")
 import jax, jax.numpy as jnp
 began = time.perf_counter()
 out = jax.jit(lambda x: jnp.tanh(x @ x.T).sum())(jnp.ones((64, 64))).block_until_ready()
-print(json.dumps({"dir": jax.config.jax_compilation_cache_dir, "value": float(out)}))
+from steps.compilation_cache import compilation_stats
+stats = compilation_stats()
+print(json.dumps({"dir": jax.config.jax_compilation_cache_dir, "value": float(out),
+                  "programs": stats.programs, "from_cache": stats.from_cache, "line": stats.describe()}))
 """
 
 
@@ -36,10 +39,14 @@ def test_steps_compile_into_the_drydock_cache_and_reuse_it(tmp_path):
     env.update(PYTHONPATH=str(ROOT), DRYDOCK_CACHE_DIR=str(tmp_path / "cache"), JAX_PLATFORMS="cpu")
     first = run(env)
     assert first["dir"] == str(tmp_path / "cache" / "jax")
+    assert first["programs"] >= 1 and first["from_cache"] == 0, first
     entries = sorted(p.name for p in (tmp_path / "cache" / "jax").iterdir())
     assert entries, "nothing was cached"
     second = run(env)
-    assert second == first  # the same result from the cached executable
+    assert second["value"] == first["value"]  # the same result from the cached executable
+    # Every program the first process compiled, the second loaded, and says so.
+    assert second["programs"] == first["programs"] and second["from_cache"] == first["programs"], second
+    assert f"{first['programs']} loaded from the compilation cache" in second["line"]
     assert sorted(p.name for p in (tmp_path / "cache" / "jax").iterdir()) == entries  # nothing new compiled
     # An explicit JAX_COMPILATION_CACHE_DIR wins.
     assert run({**env, "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "mine")})["dir"] == str(tmp_path / "mine")

@@ -373,6 +373,11 @@ class RayBackend(Backend):
             ) from None
         if isinstance(error, ray.exceptions.RayTaskError) and isinstance(error.cause, FencedWrite):
             raise LeaseExpired(str(error.cause)) from None
+        if isinstance(error, ray.exceptions.RayTaskError) and isinstance(error.cause, StepPreempted):
+            # The step ended itself as preempted (a training that saved its checkpoint on a
+            # preemption notice): its process did not crash.
+            where = "a host of the gang: " if other_host else ""
+            raise StepPreempted(f"{where}{error.cause}", crash=False) from None
         if isinstance(error, ray.exceptions.RayTaskError):
             cause = error.cause
             message = f"{type(cause).__name__}: {cause}" if cause is not None else str(error).splitlines()[0]

@@ -30,6 +30,7 @@ def check_trained_and_evaluated(prefix: Path, model: MoeModelConfig, steps: int)
     assert all("learning_rate" in r and "tokens_per_second" in r for r in records if "loss" in r)
     result = json.loads((train / "train_result.json").read_text())
     assert result["final_step"] == steps - 1
+    assert result["start"]["step"] == 0 and result["start"]["compilation"]["programs"] > 0, result["start"]
     assert (result["total_params"], result["active_params"]) == parameter_counts(model, result["vocab_size"])
     if model.family == "drydock_moe":  # no Hugging Face architecture: safetensors and config.json
         assert result["export"] == str(train / "export" / f"step-{steps - 1}")
@@ -111,6 +112,11 @@ def test_killed_after_a_checkpoint_the_rerun_resumes_bit_for_bit_and_ends_at_the
     train_and_evaluate(exp, prefix)
     outcome = json.loads((train / "train_result.json").read_text())
     assert outcome["resumed_from_step"] == 20
+    # The retry loaded what the killed attempt had compiled from the persistent cache, and says so.
+    start = outcome["start"]
+    assert start["step"] == 21 and start["compilation"]["from_cache"] >= 1, start
+    log = "".join(p.read_text() for p in (train / ".logs").glob("attempt-*.log"))
+    assert "train_moe: first step (21)" in log and "loaded from the compilation cache" in log
     assert outcome["final_step"] == 59
     after = {r["step"]: r["loss"] for r in read_metrics(str(train / "metrics.jsonl")) if "loss" in r}
     assert sorted(after) == list(range(2, 60))  # every step once: nothing lost, nothing twice

@@ -218,3 +218,25 @@ def follow_items(config: FollowConfig) -> None:
     os.makedirs(config.output, exist_ok=True)
     with open(os.path.join(config.output, "seen.json"), "w") as f:
         json.dump({"seen": seen, "pid": os.getpid()}, f)
+
+
+@dataclass(frozen=True)
+class StoppableConfig:
+    output: str
+    scratch: str
+    """Outside the step's directory: the first attempt leaves its pid there, the second sees it."""
+
+
+def stop_me_once(config: StoppableConfig) -> None:
+    """The first attempt writes its pid to `scratch/pid` and waits (to be sent SIGTERM); the
+    next one finishes at once."""
+    os.makedirs(config.output, exist_ok=True)
+    pid_file = os.path.join(config.scratch, "pid")
+    if not os.path.exists(pid_file):
+        with open(pid_file + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(pid_file + ".tmp", pid_file)
+        time.sleep(120)
+        return
+    with open(os.path.join(config.output, "done.txt"), "w") as f:
+        f.write("done")
