@@ -27,12 +27,15 @@ from rich.console import Console
 
 from pipeline.cli.common import Parser, find_step, guarded, needs_target
 from pipeline.cli.loading import Loaded, load
+from pipeline.core.prices import price_table
 from pipeline.errors import StepDeclarationError
 from pipeline.observe.status import (
     StepEntry,
     StepStatus,
     entries_from_dag,
     entries_from_manifest,
+    ledger_table,
+    read_ledgers,
     read_status,
     status_json,
     status_table,
@@ -197,6 +200,7 @@ def _status(target: str, argv: Sequence[str]) -> int:
     parser.add_argument("--interval", type=float, default=2.0)
     parser.add_argument("--wait", type=float, default=60.0)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--ledger", action="store_true")
     known, options = parser.parse_known_args(list(argv))
     if known.interval <= 0:
         raise StepDeclarationError(None, "must be positive", field="--interval")
@@ -212,7 +216,13 @@ def _status(target: str, argv: Sequence[str]) -> int:
             _check_prefix_exists(source.prefix, "--prefix")
         if known.json:
             rows = _read(source)
-            print(json.dumps(_status_document(source, rows, time.time()), indent=2))
+            document = _status_document(source, rows, time.time())
+            if known.ledger:
+                ledgers = read_ledgers(source.entries, source.store, now=document["time"])
+                for step in document["steps"]:
+                    if step["label"] in ledgers:
+                        step["ledger"] = ledgers[step["label"]].to_json(price_table())
+            print(json.dumps(document, indent=2))
             return 0
         console = Console(width=None if sys.stdout.isatty() else 200, soft_wrap=False)
         if known.watch:
@@ -227,7 +237,11 @@ def _status(target: str, argv: Sequence[str]) -> int:
                     wait_for_start=known.wait,
                 )
             return 0
-        console.print(status_table(_read(source), now=time.time(), title=source.title))
+        rows = _read(source)
+        console.print(status_table(rows, now=time.time(), title=source.title))
+        if known.ledger:
+            ledgers = read_ledgers(source.entries, source.store, now=time.time())
+            console.print(ledger_table(rows, ledgers, price_table(), title=source.title))
         return 0
 
     return _with_source(target, options, show)

@@ -30,10 +30,11 @@ from pipeline.core.dag import Dag
 from pipeline.core.figures import figures_text, live_figures
 from pipeline.core.numbers import finite_number
 from pipeline.core.records import ANNOUNCES_START, Event, StatusEvent
+from pipeline.observe.ledger import StepLedger, step_ledger
 from pipeline.observe.live import Shown, live_state, runner_gone
 from pipeline.observe.metrics import read_metrics_tail
 from pipeline.observe.render import label_width
-from pipeline.storage.layout import started_path
+from pipeline.storage.layout import ledger_path, started_path
 from pipeline.storage.opening import map_reads
 from pipeline.storage.step_store import StepStore
 
@@ -42,6 +43,8 @@ __all__ = [
     "StepStatus",
     "entries_from_dag",
     "entries_from_manifest",
+    "ledger_table",
+    "read_ledgers",
     "read_status",
     "status_json",
     "status_table",
@@ -189,6 +192,36 @@ def _function_started(store: StepStore, step_dir: str, token: int | None) -> flo
     except (ValueError, AttributeError):
         return None
     return float(when) if finite_number(when) else None
+
+
+def read_ledgers(
+    entries: Sequence[StepEntry], store: StepStore, *, now: float, threads: int = 16
+) -> dict[str, StepLedger]:
+    """Each started step's ledger (`pipeline.observe.ledger`), by label: its `.status`, each
+    attempt's `.started` marker and account, and its resources from `.step.json`."""
+
+    def one(entry: StepEntry) -> tuple[str, StepLedger | None]:
+        record = store.record(entry.output_path, with_metadata=True)
+        if record.corrupt or not record.events:
+            return entry.label, None
+        tokens = sorted({e.token for e in record.events if e.event == Event.RUNNING})
+        started = {
+            t: when for t in tokens if (when := _function_started(store, entry.output_path, t)) is not None
+        }
+        accounts: dict[int, Any] = {}
+        for token in tokens:
+            data = store.storage.read(ledger_path(entry.output_path, token))
+            if data is None:
+                continue
+            try:
+                accounts[token] = json.loads(data)
+            except ValueError:
+                continue  # a malformed account is no account: its time counts as the step's work
+        resources = (record.step_json or {}).get("resources")
+        return entry.label, step_ledger(record.events, started, accounts, resources, now)
+
+    found = map_reads(store.storage, one, entries, threads=threads, minimum=32)
+    return {label: ledger for label, ledger in found if ledger is not None}
 
 
 def _metrics_tail(store: StepStore, step_dir: str) -> tuple[int | None, float | None]:
@@ -394,3 +427,73 @@ def watch(
                 return rows
             sleep(interval)
             rows = load()
+
+
+LEDGER_COLUMNS = (
+    "waiting",
+    "startup",
+    "restore",
+    "compilation",
+    "steps",
+    "work",
+    "evaluation",
+    "checkpoints",
+    "finishing",
+    "lost",
+)
+
+
+def ledger_table(
+    rows: Sequence[StepStatus],
+    ledgers: Mapping[str, StepLedger],
+    prices: Mapping[str, float],
+    *,
+    title: str = "Ledger",
+) -> Table:
+    """Where each step's held time went (seconds by activity), its device-hours, cost at
+    `prices` and goodput."""
+    shown = [row for row in rows if row.entry.label in ledgers]
+    used = [c for c in LEDGER_COLUMNS if any(ledgers[r.entry.label].seconds.get(c) for r in shown)]
+    table = Table(title=f"{title} — where the time went (seconds held, by activity)", title_justify="left")
+    table.add_column("step", no_wrap=True, min_width=label_width(row.entry.label for row in shown))
+    table.add_column("devices", no_wrap=True)
+    table.add_column("held", justify="right", no_wrap=True)
+    for column in used:
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("device-h", justify="right", no_wrap=True)
+    table.add_column("cost $", justify="right", no_wrap=True)
+    table.add_column("goodput", justify="right", no_wrap=True)
+    table.add_column("redone", justify="right", no_wrap=True)
+    total_held = total_device_hours = total_productive = total_cost = 0.0
+    priced = True
+    for row in shown:
+        ledger = ledgers[row.entry.label]
+        cost = ledger.cost(prices)
+        priced = priced and cost is not None
+        total_cost += cost or 0.0
+        total_held += ledger.held
+        total_device_hours += ledger.device_hours
+        total_productive += ledger.productive
+        table.add_row(
+            row.entry.label,
+            f"{ledger.devices.count:g} {ledger.devices.kind}",
+            _duration(ledger.held),
+            *(f"{ledger.seconds.get(c, 0.0):.1f}" for c in used),
+            f"{ledger.device_hours:.3g}",
+            "" if cost is None else f"{cost:,.4g}",
+            "" if ledger.goodput is None else f"{ledger.goodput:.0%}",
+            str(ledger.redone_steps) if ledger.redone_steps else "",
+        )
+    if len(shown) > 1:
+        goodput = f"{total_productive / total_held:.0%}" if total_held > 0 else ""
+        table.add_row(
+            "all",
+            "",
+            _duration(total_held),
+            *("" for _ in used),
+            f"{total_device_hours:.3g}",
+            goodput,
+            "",
+            style="bold",
+        )
+    return table

@@ -38,6 +38,7 @@ __all__ = [
     "PROGRESS_INTERVAL",
     "LeaseGuard",
     "StepContext",
+    "account",
     "bind",
     "check_lease",
     "current",
@@ -148,6 +149,33 @@ def warn(message: str, data: Mapping[str, Any] | None = None, context: StepConte
         return store.note(context.output_path, context.run_id, context.token, Event.WARNING, message, data)
     except Exception as e:  # a note must never break the step that reports it
         logger.warning("could not record the warning in %s/.status: %s", context.output_path, e)
+        return False
+
+
+def account(
+    seconds: Mapping[str, float], data: Mapping[str, Any] | None = None, context: StepContext | None = None
+) -> bool:
+    """Say where this attempt's time went so far: `seconds` by activity (the step's own words,
+    e.g. `{"startup": 12.0, "compilation": 8.1, "steps": 300.2}`), summing to the time since the
+    step function was called; `data` adds counts (`{"first_step": 21, "last_step": 80}`). The
+    runner's ledger (`pipeline.observe.ledger`) puts the attempt's waiting before it and counts
+    the time after the latest account as lost. Each call replaces the last (the leader's, in a
+    gang); never raises. Returns whether it was written."""
+    context = context or current()
+    if context is None or not context.gang.leader:
+        return False
+    record = {"time": time.time(), "seconds": {k: round(float(v), 3) for k, v in seconds.items()}}
+    if data:
+        record["data"] = dict(data)
+    try:
+        from pipeline.storage.layout import ledger_path
+        from pipeline.storage.opening import open_storage
+
+        payload = json.dumps(record, default=str).encode()
+        open_storage(context.output_path).write(ledger_path(context.output_path, context.token), payload)
+        return True
+    except Exception as e:  # the ledger must never break the step that keeps it
+        logger.warning("could not record the ledger in %s/.logs: %s", context.output_path, e)
         return False
 
 

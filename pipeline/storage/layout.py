@@ -137,6 +137,16 @@ def started_path(step_dir: str, token: int) -> str:
     return f"{step_dir.rstrip('/')}/{LOGS_DIR}/{started_name(token)}"
 
 
+def ledger_name(token: int) -> str:
+    """Where attempt `token`'s step said its time went, so far (`step_events.account`)."""
+    return f"attempt-{token}.ledger.json"
+
+
+def ledger_path(step_dir: str, token: int) -> str:
+    """The path of `ledger_name(token)` in the step directory `step_dir`."""
+    return f"{step_dir.rstrip('/')}/{LOGS_DIR}/{ledger_name(token)}"
+
+
 def dump_request_name(token: int) -> str:
     """The watchdog's request to an attempt's processes: save your stacks."""
     return f"attempt-{token}.dump"

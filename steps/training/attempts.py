@@ -19,6 +19,7 @@ import fsspec
 
 from pipeline.steplib import step_events
 from steps.files import local_path, read_text
+from steps.training import ledger
 from steps.training.checkpoints import checkpoint_at, latest_checkpoint
 from steps.training.config import TrainMoeConfig, summarize
 from steps.training.gang_sync import barrier, exchange
@@ -90,6 +91,9 @@ def train_attempts(
                     f"earliest kept is step {nowhere - 1}); nothing deleted. Resume from a checkpoint by "
                     "hand, or keep more (checkpoint_interval, keep_checkpoints)"
                 ) from e
+            if (clock := ledger.active()) is not None:
+                # The steps after the restored checkpoint, up to the spike, are computed again.
+                clock.rewound(max(0, e.trigger_step - max(restored, -1)))
             if gang.leader:
                 rewind = _rewind(config, e, rewinds, checkpoints, None if restored < 0 else restored)
                 payload = {"rewinds": [r.to_json() for r in [*rewinds, rewind]]}
@@ -100,6 +104,8 @@ def train_attempts(
             barrier(f"drydock-rewind-{len(rewinds) + 1}")
             rewinds = read_rewinds(read_text(rewinds_path), rewinds_path)
             fresh_tensorstore_cache()  # the same steps are saved again at the same paths
+    if (clock := ledger.active()) is not None:
+        clock.switch("finishing")
     # The final checkpoint, as the leader found it: every process of a gang exports the same one.
     final_step = _shared_step(latest_step(checkpoints)[1])
     final = None if final_step is None else checkpoint_at(checkpoints, final_step)
@@ -176,7 +182,13 @@ def _train_attempt(
     scratch = None if local_path(out) is not None and leader else _scratch_dir()
     appended = metrics if scratch is None else os.path.join(scratch, "metrics.jsonl")
     if leader:
-        begin_metrics(metrics, appended, resumed_from, [_rewind_event(r) for r in rewinds])
+        dropped: list[int] = []
+        begin_metrics(metrics, appended, resumed_from, [_rewind_event(r) for r in rewinds], dropped)
+        clock = ledger.active()
+        if clock is not None and clock.first_step is None and resumed_from is not None:
+            # What the attempt before this process logged past the checkpoint: computed again
+            # now (a rewind's are counted by the rewind).
+            clock.resumed(resumed_from, max(dropped, default=resumed_from))
     if resumed_from is not None:
         checkpoint_saved(appended, resumed_from, _checkpoint_time(config.output, resumed_from))
     levanter_config = levanter_train_config(

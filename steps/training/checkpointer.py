@@ -14,7 +14,7 @@ from levanter.checkpoint import Checkpointer, CheckpointerConfig
 
 from pipeline.steplib import step_events
 from steps.files import exists
-from steps.training import preemption
+from steps.training import ledger, preemption
 from steps.training.gang_sync import barrier, exchange
 from steps.training.metrics import publish_metrics
 
@@ -57,9 +57,10 @@ class MetricsCheckpointer(Checkpointer):
         if notice is None or int(step) < notice:
             super().on_step(tree=tree, step=step, force=force)
             return
-        if int(step) != getattr(self, "_last_save_step", None):
-            super().on_step(tree=tree, step=step, force=True)
-        self.wait_until_finished()
+        with ledger.phase("checkpoints"):
+            if int(step) != getattr(self, "_last_save_step", None):
+                super().on_step(tree=tree, step=step, force=True)
+            self.wait_until_finished()
         # Every process past its save (and the leader past the commit) before any of them ends:
         # the runner stops a gang's other processes as soon as one ends.
         barrier(f"drydock-notice-{int(step)}")
@@ -99,7 +100,8 @@ class MetricsCheckpointer(Checkpointer):
                 commit_callback()
             self._prune(kwargs.get("base_path_override") or self.base_path)
 
-        return super().save_checkpoint(tree, step, destination, committed, **kwargs)
+        with ledger.phase("checkpoints"):  # the part the training waits for (the rest is async)
+            return super().save_checkpoint(tree, step, destination, committed, **kwargs)
 
     def _prune(self, root: str) -> None:
         """Apply the retention policy under `root` once a checkpoint has committed (one host)."""

@@ -15,6 +15,7 @@ import levanter.tracker.tracker_fns as tracker_fns
 import numpy as np
 from levanter.tracker.tracker import NoopTracker
 
+from steps.training import ledger
 from steps.training.tracker import evaluating
 
 logger = logging.getLogger(__name__)
@@ -145,10 +146,29 @@ def keep_alive_while_evaluating() -> None:
         # callback's own signature (`inspect.signature` follows `__wrapped__`).
         @functools.wraps(callback)
         def evaluate(*cb_args: Any, **cb_kwargs: Any) -> Any:
-            with evaluating():
+            with evaluating(), ledger.phase("evaluation"):
                 return callback(*cb_args, **cb_kwargs)
 
         return evaluate
 
     build._drydock_keepalive = True  # type: ignore[attr-defined]
     levanter.eval.cb_tagged_lm_evaluate = build
+
+
+def time_restores() -> None:
+    """Give the time Levanter spends loading a checkpoint to the ledger's `restore`: its
+    `load_checkpoint_or_initialize` calls `levanter.checkpoint.load_checkpoint`, looked up on the
+    module at each call."""
+    import levanter.checkpoint
+
+    original = levanter.checkpoint.load_checkpoint
+    if getattr(original, "_drydock_timed", False):
+        return
+
+    @functools.wraps(original)
+    def load(*args: Any, **kwargs: Any) -> Any:
+        with ledger.phase("restore"):
+            return original(*args, **kwargs)
+
+    load._drydock_timed = True  # type: ignore[attr-defined]
+    levanter.checkpoint.load_checkpoint = load

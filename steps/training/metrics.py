@@ -83,7 +83,11 @@ def write_metrics(path: str, records: list[dict[str, Any]]) -> None:
 
 
 def begin_metrics(
-    path: str, local: str, resumed_from: int | None, rewinds: list[dict[str, Any]] | None = None
+    path: str,
+    local: str,
+    resumed_from: int | None,
+    rewinds: list[dict[str, Any]] | None = None,
+    dropped: list[int] | None = None,
 ) -> list[dict[str, Any]]:
     """Set up the metrics of a training attempt; returns the records kept.
 
@@ -96,7 +100,9 @@ def begin_metrics(
     says which rewinds happened, so a kill between a rewind and its line loses nothing).
 
     Lines are kept as written, in their order, so on object storage the kept lines are usually
-    a prefix of the segments there: the segments before the cut are left as they are.
+    a prefix of the segments there: the segments before the cut are left as they are. The steps
+    of the lines left out go to `dropped`: an attempt before this one logged them, and this one
+    computes them again (the ledger's redone steps).
     """
     data = _read_lines(path) if resumed_from is not None else b""
     expected = [dict(r) for r in rewinds or []]
@@ -111,6 +117,8 @@ def begin_metrics(
                 kept.append(line)
         elif resumed_from is not None and record["step"] <= resumed_from:
             kept.append(line)
+        elif dropped is not None and "event" not in record:
+            dropped.append(record["step"])
     kept += [json.dumps(r).encode() for r in expected]
     text = b"".join(line + b"\n" for line in kept)
     if local != path:

@@ -18,7 +18,7 @@ from typing import Any
 
 from steps.compilation_cache import CompilationStats, compilation_stats
 
-__all__ = ["attempt_started", "first_step", "libraries_imported", "start_record"]
+__all__ = ["attempt_start", "attempt_started", "first_step", "libraries_imported", "start_record"]
 
 
 # Per thread: with the local backend trainings run in threads of one process (one at a time,
@@ -32,6 +32,11 @@ def attempt_started() -> None:
     _ATTEMPT.started = time.time()
     _ATTEMPT.baseline = None
     _ATTEMPT.record = None
+
+
+def attempt_start() -> float:
+    """When this thread's attempt started (`attempt_started`; now, if it was not called)."""
+    return getattr(_ATTEMPT, "started", None) or time.time()
 
 
 def libraries_imported() -> None:

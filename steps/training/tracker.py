@@ -28,7 +28,7 @@ from levanter.tracker.tracker import Tracker, TrackerConfig
 from pipeline.steplib import step_events
 from steps.files import local_path, write_file
 from steps.scaling.prediction import Curve, PredictionWatch
-from steps.training import preemption
+from steps.training import ledger, preemption
 from steps.training.checkpointer import last_saved
 from steps.training.gang_sync import exchange
 from steps.training.metrics import read_events, read_metrics
@@ -209,6 +209,8 @@ class JsonlTracker(Tracker):
         if isinstance(loss, int | float) and not self._started:
             self._started = True
             first_step(record["step"], record["wall_time"])
+        if isinstance(loss, int | float) and (clock := ledger.active()) is not None:
+            clock.step(record["step"])
         if isinstance(loss, int | float):
             # Levanter logs run_progress = step / num_train_steps beside the loss, where `step` is
             # the 0-based index of the step just finished: step + 1 steps are done.

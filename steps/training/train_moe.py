@@ -60,6 +60,7 @@ from steps.scaling.prediction import (
     fit_summary,
     start_prediction,
 )
+from steps.training import ledger
 from steps.training.attempts import latest_step, train_attempts
 from steps.training.compile import compile_layout
 from steps.training.config import (
@@ -83,7 +84,7 @@ from steps.training.mesh import MeshSpec
 from steps.training.models import MoeModelConfig
 from steps.training.preemption import notice_handler
 from steps.training.spikes import REWINDS_FILE, SpikePolicy, Stability, read_rewinds
-from steps.training.startup import attempt_started, libraries_imported
+from steps.training.startup import attempt_start, attempt_started, libraries_imported
 
 __all__ = [
     "MeshSpec",
@@ -357,6 +358,7 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
         fix_eval_tag_arrays,
         fix_mixtral_jit_log,
         keep_alive_while_evaluating,
+        time_restores,
     )
     from steps.training.models import to_levanter
 
@@ -372,6 +374,7 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
         fix_mixtral_jit_log()
     fix_eval_tag_arrays()
     keep_alive_while_evaluating()
+    time_restores()
     if gang.leader:
         write_file(
             os.path.join(out, "levanter_model.json"),
@@ -402,7 +405,8 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
         while not _ONE_TRAINING.acquire(timeout=1.0):
             pass  # back in Python each second, so a cancel (raised at the next instruction) lands
     try:
-        with notice_handler():  # SIGTERM: save the step in hand and stop, to be retried from it
+        # SIGTERM: save the step in hand and stop, to be retried from it. The clock: the ledger.
+        with notice_handler(), ledger.keeping(attempt_start()):
             return train_attempts(
                 config, gang, data, model, vocab, checkpoints, metrics, curve, rewinds, branch
             )

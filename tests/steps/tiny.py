@@ -155,3 +155,26 @@ def step_dir(prefix: Path, name: str) -> Path:
     """The one directory of step `name` under `prefix`."""
     (found,) = prefix.glob(f"{name}-*")
     return found
+
+
+def ledger_of(prefix: Path, name: str) -> dict[str, Any]:
+    """Step `name`'s ledger as `drydock status MANIFEST --json --ledger` gives it (the newest run's
+    manifest under `prefix`); each attempt's split is checked to sum to its held time (1%)."""
+    import json
+
+    manifest = max((prefix / "experiments").glob("*.json"), key=lambda p: p.stat().st_mtime)
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", "status", str(manifest), "--json", "--ledger"],
+        env=env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (step,) = [s for s in json.loads(result.stdout)["steps"] if s["name"] == name]
+    ledger = step["ledger"]
+    for attempt in ledger["attempts"]:
+        split = sum(attempt["seconds"].values())
+        assert abs(split - attempt["held_seconds"]) <= 0.01 * attempt["held_seconds"] + 1e-3, attempt
+    return ledger

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from steps.training.metrics import read_metrics
-from tests.steps.tiny import QWEN, ROOT, env, experiment, step_dir
+from tests.steps.tiny import QWEN, ROOT, env, experiment, ledger_of, step_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -70,3 +70,13 @@ def test_sigterm_saves_the_step_in_hand_and_the_retry_resumes_from_it(tmp_path):
     assert after == list(range(2, STEPS)), after
     log = (train / ".logs" / "attempt-2.log").read_text()
     assert f"resuming from the checkpoint at step {saved}" in log
+
+    # The ledger: the notice lost nothing; each attempt's split sums to its held time.
+    ledger = ledger_of(prefix, "train/test")
+    first, second = ledger["attempts"]
+    assert (first["ending"], second["ending"]) == ("PREEMPTED", "SUCCESS")
+    assert ledger["redone_steps"] == 0 and first["redone_steps"] == 0
+    assert first["seconds"]["steps"] > 0 and first["seconds"]["compilation"] > 0
+    assert first["seconds"].get("lost", 0.0) < 0.1 * first["held_seconds"], first
+    assert second["seconds"]["restore"] > 0  # it loaded the notice's checkpoint
+    assert 0 < ledger["goodput"] < 1 and ledger["devices"] == {"kind": "CPU", "count": 1.0}

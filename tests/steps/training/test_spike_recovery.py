@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from steps.training.metrics import read_events, read_metrics
+from tests.steps.tiny import ledger_of
 
 pytestmark = pytest.mark.slow
 
@@ -172,6 +173,9 @@ def test_rewind_skips_the_corrupt_window_and_ends_near_the_clean_run(corrupt_run
     train = corrupt_runs["rewind"]
     (rewind,) = json.loads((train / "rewinds.json").read_text())["rewinds"]
     assert rewind["first_step"] == 60 and rewind["trigger_step"] == 61 and rewind["restored_step"] == 50
+    # The ledger: steps 51..61 were computed twice, their time lost.
+    ledger = ledger_of(train.parent, "train")
+    assert ledger["redone_steps"] == 11 and ledger["seconds"]["lost"] > 0, ledger
     assert rewind["skipped"] == [60, 67]  # the spiking steps' batches and 6 more: past the window
     events = read_events(str(train / "metrics.jsonl"))
     assert [e["event"] for e in events] == ["rewind"]  # the spikes it rewound over were trained again

@@ -14,7 +14,17 @@ import pytest
 
 from steps.training.metrics import read_metrics
 from steps.training.models import MoeModelConfig, parameter_counts
-from tests.steps.tiny import DRYDOCK, QWEN, ROOT, command, env, experiment, step_dir, train_and_evaluate
+from tests.steps.tiny import (
+    DRYDOCK,
+    QWEN,
+    ROOT,
+    command,
+    env,
+    experiment,
+    ledger_of,
+    step_dir,
+    train_and_evaluate,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -121,6 +131,12 @@ def test_killed_after_a_checkpoint_the_rerun_resumes_bit_for_bit_and_ends_at_the
     after = {r["step"]: r["loss"] for r in read_metrics(str(train / "metrics.jsonl")) if "loss" in r}
     assert sorted(after) == list(range(2, 60))  # every step once: nothing lost, nothing twice
     assert before and all(after[step] == loss for step, loss in before.items()), (before, after)
+    # The ledger counts the steps the killed attempt did after its checkpoint, exactly, as lost.
+    ledger = ledger_of(prefix, "train/test")
+    killed, resumed = ledger["attempts"]
+    assert killed["ending"] == "UNFINISHED" and resumed["ending"] == "SUCCESS"
+    assert killed["redone_steps"] == max(before) - 20 == ledger["redone_steps"], (killed, max(before))
+    assert killed["seconds"]["lost"] > 0
 
 
 def test_force_retrains_from_step_zero_and_evaluates_again(tmp_path, trained_tiny):
