@@ -43,6 +43,12 @@ class StepCancelled(BaseException):
     """
 
 
+class StepStopped(Exception):
+    """Raised by a step function that stopped cleanly because its run asked it to (the run's
+    budget was reached): its work so far is kept (a training saved a checkpoint), the attempt is
+    recorded CANCELLED with this message, and the next run goes on from there."""
+
+
 class StepPreempted(Exception):
     """The step's machine went away (node died, TPU slice preempted), or its process died under it
     (`crash`: a segfault, an out-of-memory kill). Retried on its own budget; the same crash over

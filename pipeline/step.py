@@ -323,6 +323,9 @@ class StepHooks:
     """The pace the step function keeps: with a policy, the runner's watchdog watches its
     progress reports and, when they stop for longer than the policy's bound, saves every process's
     stacks, records a HUNG warning and retries the attempt (`pipeline.run.watchdog`)."""
+    estimate: Callable[[Any], Any] | None = None
+    """`estimate(config) -> float | None`: the seconds the step will hold its devices, for a
+    run's budget (`--budget_device_hours`, `--budget_dollars`); None when it cannot say."""
 
 
 NO_HOOKS = StepHooks()
@@ -344,6 +347,7 @@ def step_function(
     watchdog: HangPolicy | None = None,
     warnings: Callable[[Any], Any] | None = None,
     compile: Callable[[Any], Any] | None = None,
+    estimate: Callable[[Any], Any] | None = None,
 ) -> Any:
     """Declare a step function and its hooks; usable bare (`@step_function`) or with arguments.
 
@@ -353,7 +357,9 @@ def step_function(
     The function itself is returned unchanged (it stays importable under its own name); the hooks
     are read with `hooks_of`.
     """
-    hooks = StepHooks(preview, report, metrics, fresh_process, inputs, check, warnings, compile, watchdog)
+    hooks = StepHooks(
+        preview, report, metrics, fresh_process, inputs, check, warnings, compile, watchdog, estimate
+    )
 
     def declare(function: F) -> F:
         setattr(function, _HOOKS_ATTRIBUTE, hooks)

@@ -22,6 +22,8 @@ touching the step library, and a newcomer has one page to read:
     StepCancelled        raised into a step function when its run is cancelled
     StepPreempted        raise it to end an attempt as PREEMPTED, to be retried (a training that
                          saved its checkpoint on a preemption notice)
+    StepStopped          raise it to end an attempt its run asked to stop (`step_events.on_stop`),
+                         its work kept: recorded CANCELLED, not retried in this run
     metrics.jsonl        the per-step metrics format every reader shares: `METRICS_FILE`,
                          `METRICS_DIR` (segments on object storage), `ALIASES`, `parse_metrics`,
                          `parse_events`, `read_metrics_data`, `metrics_files`, `segment_name`,
@@ -32,7 +34,7 @@ docs/architecture.md, "The step library", says how to add a step kind with these
 
 from __future__ import annotations
 
-from pipeline.errors import StepCancelled, StepPreempted
+from pipeline.errors import StepCancelled, StepPreempted, StepStopped
 from pipeline.observe.metrics import (
     ALIASES,
     METRICS_DIR,
@@ -61,6 +63,7 @@ __all__ = [
     "LeaseGuard",
     "StepCancelled",
     "StepPreempted",
+    "StepStopped",
     "branch_event",
     "check_lease",
     "current_gang",

@@ -57,7 +57,8 @@ def executor_main(
     the environment: a webhook URL is a secret that does not belong in an experiment file).
 
     Exit codes: 0 all done, 1 a step failed (or was blocked), 2 a malformed experiment or
-    option (one sentence on stderr, nothing written), 130 interrupted.
+    option (one sentence on stderr, nothing written), 3 stopped by its budget (the steps that
+    could stop saved their work), 130 interrupted.
     """
     args = list(sys.argv[1:] if argv is None else argv)
     if source_file is None:
@@ -257,7 +258,13 @@ def _print_run(result: RunReport, config: Any, source_file: str | None) -> int:
         _print_failures(result)
         _print_results(result, reports, None if result.manifest_error else manifest, source_file)
     failed = [dag.nodes[label].name for label in result.labels(State.FAILED, State.BLOCKED, State.CANCELLED)]
-    if failed:
+    if result.budget_spent is not None:
+        print(
+            f"stopped: {result.budget_spent}; {len(failed)} step(s) not finished ({', '.join(failed)}). "
+            "Raise the budget and run again: a stopped training resumes from its checkpoint",
+            file=sys.stderr,
+        )
+    elif failed:
         print(f"error: {len(failed)} step(s) did not finish: {', '.join(failed)}", file=sys.stderr)
     if result.manifest_error:
         print(f"error: {result.manifest_error} (what the steps committed stays committed)", file=sys.stderr)

@@ -42,6 +42,8 @@ class RunReport:
     plan: Plan
     outcomes: Mapping[str, StepOutcome]
     interrupted: bool = False
+    budget_spent: str | None = None
+    """Why the run stopped before it finished: its budget was spent (`pipeline.run.budget`)."""
     manifest_error: str | None = None
     """Why the run's manifest could not be written at its end (e.g. a full disk): every step's
     outcome stands (what committed stays committed), but the run is not recorded."""
@@ -58,4 +60,6 @@ class RunReport:
     def exit_code(self) -> int:
         if self.interrupted:
             return 130
+        if self.budget_spent is not None and not self.labels(State.FAILED):
+            return 3  # stopped cleanly by its budget: not a failure, not done
         return 0 if self.ok else 1

@@ -28,13 +28,13 @@ from rich.text import Text
 
 from pipeline.core.dag import Dag
 from pipeline.core.figures import figures_text, live_figures
+from pipeline.core.ledger import StepLedger
 from pipeline.core.numbers import finite_number
 from pipeline.core.records import ANNOUNCES_START, Event, StatusEvent
-from pipeline.observe.ledger import StepLedger, step_ledger
 from pipeline.observe.live import Shown, live_state, runner_gone
 from pipeline.observe.metrics import read_metrics_tail
 from pipeline.observe.render import label_width
-from pipeline.storage.layout import ledger_path, started_path
+from pipeline.storage.layout import started_path
 from pipeline.storage.opening import map_reads
 from pipeline.storage.step_store import StepStore
 
@@ -197,28 +197,11 @@ def _function_started(store: StepStore, step_dir: str, token: int | None) -> flo
 def read_ledgers(
     entries: Sequence[StepEntry], store: StepStore, *, now: float, threads: int = 16
 ) -> dict[str, StepLedger]:
-    """Each started step's ledger (`pipeline.observe.ledger`), by label: its `.status`, each
-    attempt's `.started` marker and account, and its resources from `.step.json`."""
+    """Each started step's ledger (`pipeline.core.ledger`), by label (`StepStore.ledger`)."""
 
     def one(entry: StepEntry) -> tuple[str, StepLedger | None]:
         record = store.record(entry.output_path, with_metadata=True)
-        if record.corrupt or not record.events:
-            return entry.label, None
-        tokens = sorted({e.token for e in record.events if e.event == Event.RUNNING})
-        started = {
-            t: when for t in tokens if (when := _function_started(store, entry.output_path, t)) is not None
-        }
-        accounts: dict[int, Any] = {}
-        for token in tokens:
-            data = store.storage.read(ledger_path(entry.output_path, token))
-            if data is None:
-                continue
-            try:
-                accounts[token] = json.loads(data)
-            except ValueError:
-                continue  # a malformed account is no account: its time counts as the step's work
-        resources = (record.step_json or {}).get("resources")
-        return entry.label, step_ledger(record.events, started, accounts, resources, now)
+        return entry.label, store.ledger(entry.output_path, record, now)
 
     found = map_reads(store.storage, one, entries, threads=threads, minimum=32)
     return {label: ledger for label, ledger in found if ledger is not None}

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.core.records import Event
-from pipeline.errors import StepCancelled, StepFailed, StepPreempted
+from pipeline.errors import StepCancelled, StepFailed, StepPreempted, StepStopped
 
 __all__ = ["CAUSES", "AttemptEvent", "Ending", "classify", "format_traceback"]
 
@@ -58,6 +58,8 @@ CAUSES = {Ending.PREEMPTED: "lost machine", Ending.FAILED: "error", Ending.CANCE
 
 def classify(error: BaseException) -> tuple[Ending, str, str, str | None]:
     """(event kind, status event, message, traceback) for an attempt that ended in `error`."""
+    if isinstance(error, StepStopped):
+        return Ending.CANCELLED, Event.CANCELLED, str(error), None
     if isinstance(error, StepCancelled):
         return Ending.CANCELLED, Event.CANCELLED, "interrupted", None
     if isinstance(error, StepPreempted):

@@ -28,6 +28,7 @@ from pipeline.core.run_state import RunState
 from pipeline.processes import pid_alive
 from pipeline.run.attempt import Attempts, ExecutionOptions
 from pipeline.run.backends.base import Backend
+from pipeline.run.budget import BudgetWatch
 from pipeline.run.endings import AttemptEvent, Ending
 from pipeline.run.reporter import Reporter
 from pipeline.storage.layout import started_path
@@ -46,9 +47,13 @@ def execute(
     options: ExecutionOptions,
     report: Reporter | None = None,
     clock: Callable[[], float] = time.time,
+    budget: BudgetWatch | None = None,
 ) -> RunReport:
-    """Run every RUN step of `plan` (and wait for WAIT steps) until the plan is finished."""
-    return _Execution(plan, store, backend, owner, options, report or Reporter(), clock).run()
+    """Run every RUN step of `plan` (and wait for WAIT steps) until the plan is finished, or
+    until `budget` is spent."""
+    execution = _Execution(plan, store, backend, owner, options, report or Reporter(), clock)
+    execution.budget = budget
+    return execution.run()
 
 
 class _Execution:
@@ -84,6 +89,10 @@ class _Execution:
         self.requeued: set[str] = set()
         """Followers stopped because the step they follow is retried: run again once it starts."""
         self.starts_checked = 0.0
+        self.budget: BudgetWatch | None = None
+        self.budget_checked = 0.0
+        self.touched: set[str] = set()
+        """Steps this run has started: their ledgers change while it runs."""
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -98,17 +107,20 @@ class _Execution:
             while not self.state.finished:
                 for label in self.state.take_ready(limit - len(self.state.in_flight)):
                     self.outcomes[label].attempts += 1
+                    self.touched.add(label)
                     pool.submit(self._attempt, label, self.outcomes[label].attempts)
-                polling = self.state.waiting or self.state.held_back()
+                polling = self.state.waiting or self.state.held_back() or self.budget is not None
                 timeout = self.options.wait_poll_interval if polling else None
                 try:
                     event = self.events.get(timeout=timeout)
                 except queue.Empty:
                     self._check_waiting()
                     self._check_started()
+                    self._check_budget()
                     continue
                 self._handle(event)
                 self._check_started(every=self.options.wait_poll_interval)
+                self._check_budget()
         except KeyboardInterrupt:
             interrupted = True
             self._cancel_everything()
@@ -121,7 +133,27 @@ class _Execution:
         for label, blocker in self.state.blocked.items():
             self.outcomes[label].state = State.BLOCKED
             self.outcomes[label].blocked_by = blocker
-        return RunReport(self.plan, self.outcomes, interrupted)
+        spent = self.budget.spent if self.budget is not None else None
+        return RunReport(self.plan, self.outcomes, interrupted, budget_spent=spent)
+
+    def _check_budget(self) -> None:
+        """Once the budget is spent: start nothing more, ask the steps in flight to stop cleanly
+        (a training saves a checkpoint; a step that cannot stop finishes), and say so."""
+        now = self.clock()
+        if self.budget is None or now - self.budget_checked < self.options.wait_poll_interval:
+            return
+        self.budget_checked = now
+        spent = self.budget.check(self.touched, now)
+        if spent is None:
+            return
+        self.state.cancel_all()
+        asked = self.budget.ask_to_stop(sorted(self.state.in_flight))
+        self.report.note(
+            f"STOPPING   {spent}: starting nothing more; asked {len(asked)} running step(s) to stop "
+            "at a checkpoint"
+        )
+        if self.options.alerts is not None:
+            self.options.alerts.alert("budget", None, spent)
 
     def _handle(self, event: AttemptEvent) -> None:
         label, outcome = event.label, self.outcomes[event.label]

@@ -22,12 +22,14 @@ from dataclasses import replace
 from pipeline.core.dag import Dag, build_dag
 from pipeline.core.heap import collector_paused
 from pipeline.core.plan import Plan, State, make_plan
+from pipeline.core.prices import price_table
 from pipeline.core.records import Event, StepRecord
 from pipeline.core.report import RunReport
 from pipeline.errors import StorageError
 from pipeline.processes import current_owner, host_id, pid_alive
 from pipeline.run.alerts import AlertLog, Notifier
 from pipeline.run.backends import check_declared, make_backend
+from pipeline.run.budget import Budget, BudgetWatch, check_plan
 from pipeline.run.console import RunConsole
 from pipeline.run.executor import ExecutionOptions, Reporter, execute
 from pipeline.run.hooks import step_compilations, step_warnings
@@ -126,6 +128,10 @@ def run_experiment(
     """
     config = config or ExecutorMainConfig()
     dag, store, plan, digests = _prepare(steps, config)
+    budget = Budget(config.budget_device_hours, config.budget_dollars)
+    prices = price_table() if budget.is_set else {}
+    if budget.is_set:
+        check_plan(budget, plan, store, time.time(), prices)  # refused before anything runs
     if config.dry_run:
         check_declared(config.backend, plan)  # what `run` would refuse, `plan` refuses too
         return plan
@@ -200,8 +206,9 @@ def run_experiment(
             for warning in warnings:
                 emit(f"warning: {warning}")
         reporter = Reporter(emit, total=len(active), observe=console.state if console else None)
+        watch = BudgetWatch(budget, plan, store, time.time(), prices) if budget.is_set else None
         with console or contextlib.nullcontext():
-            report = execute(plan, store, backend, owner, options, reporter)
+            report = execute(plan, store, backend, owner, options, reporter, budget=watch)
     finally:
         backend.close()
         gc.unfreeze()

@@ -91,6 +91,13 @@ class ExecutorMainConfig:
     verbose: bool = False
     """Stream the steps' own output (Levanter, JAX, Ray, tqdm) to the console as well; without it,
     that goes only to each attempt's log, `<step>/.logs/attempt-<token>.log`."""
+    budget_device_hours: float | None = None
+    """The most device-hours the experiment's steps may hold, every attempt of every run together
+    (the ledger, `drydock status --ledger`): a run whose estimate exceeds what is left is refused;
+    once a run spends it, its trainings stop at a checkpoint (CANCELLED) and nothing else starts.
+    Raise it and run again to go on."""
+    budget_dollars: float | None = None
+    """The same in US dollars, at the price table (`$DRYDOCK_PRICES`, `pipeline.core.prices`)."""
     notify: str | None = None
     """A webhook (http or https URL; Slack-compatible JSON) told when a step fails, hangs, rewinds
     or is preempted again and again, and when the run ends. Default: $DRYDOCK_NOTIFY. A secret:
@@ -125,6 +132,10 @@ def validate_options(config: ExecutorMainConfig) -> None:
         raise StepDeclarationError(None, "must be zero or more", field="--clock_skew")
     if config.wait_poll_interval <= 0:
         raise StepDeclarationError(None, "must be positive", field="--wait_poll_interval")
+    for name in ("budget_device_hours", "budget_dollars"):
+        value = getattr(config, name)
+        if value is not None and not value > 0:
+            raise StepDeclarationError(None, f"must be a positive number, not {value!r}", field=f"--{name}")
     if logging.getLevelName(config.log_level.upper()) not in (10, 20, 30, 40, 50):
         raise StepDeclarationError(
             None,

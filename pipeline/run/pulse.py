@@ -33,7 +33,14 @@ from collections.abc import Iterator
 from pipeline.run import step_events
 from pipeline.run.fence import LeaseExpired
 from pipeline.run.step_events import StepContext
-from pipeline.storage.layout import LOGS_DIR, dump_request_name, pulse_name, stacks_name, started_path
+from pipeline.storage.layout import (
+    LOGS_DIR,
+    dump_request_name,
+    pulse_name,
+    stacks_name,
+    started_path,
+    stop_request_name,
+)
 
 __all__ = ["PULSE_SECONDS", "announce_start", "pulse"]
 
@@ -91,6 +98,8 @@ class _Pulse:
         self.pulse_path = f"{base}/{pulse_name(context.token, host)}"
         self.stacks_path = f"{base}/{stacks_name(context.token, host)}"
         self.request_path = f"{base}/{dump_request_name(context.token)}"
+        self.stop_path = f"{base}/{stop_request_name(context.token)}"
+        self.stop_heard = False
         self.storage = open_storage(context.output_path)
         self.started = time.time()
         self.dumped = False
@@ -117,6 +126,13 @@ class _Pulse:
         }
         self.guard(f"the pulse {self.pulse_path}")
         self.storage.write(self.pulse_path, json.dumps(record).encode())
+        if not self.stop_heard and (request := self.storage.read(self.stop_path)) is not None:
+            try:
+                message = str(json.loads(request).get("message") or "stopped by its run")
+            except (ValueError, AttributeError):
+                message = "stopped by its run"
+            # Told again at the next beat until the step listens (a training, once it trains).
+            self.stop_heard = step_events.stop_requested(message)
         if not self.dumped and self.storage.read(self.request_path) is not None:
             header = f"host {gang.index} of {gang.size}, {self.where}"
             stacks = dump_stacks(self.step_thread, header)

@@ -71,6 +71,10 @@ class Reporter:
             return
         self._emit(f"{what:<10} {count}{label}" + (f"  {detail}" if detail else ""))
 
+    def note(self, text: str) -> None:
+        """A line about the run itself, not one step (its budget spent)."""
+        self._emit(text)
+
     def _summary_due(self, what: str) -> str | None:
         """The summary line, if one is due now (called under the lock)."""
         if not self._summarize or what not in self.QUIET:

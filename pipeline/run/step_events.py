@@ -46,6 +46,7 @@ __all__ = [
     "lease_guard",
     "lease_lost",
     "local_progress",
+    "on_stop",
     "progress",
     "warn",
 ]
@@ -152,13 +153,37 @@ def warn(message: str, data: Mapping[str, Any] | None = None, context: StepConte
         return False
 
 
+_STOP_HANDLERS: list[Callable[[str], None]] = []
+
+
+@contextlib.contextmanager
+def on_stop(handler: Callable[[str], None]) -> Iterator[None]:
+    """While the block runs, `handler(message)` is called (from another thread) when the runner
+    asks this attempt to stop cleanly (its run's budget is spent): the step should save what it
+    has and raise `StepStopped(message)`. A step without a handler is left to finish. Only a step
+    that keeps a pace (`step_function(watchdog=...)`) hears the request: its pulse thread looks."""
+    _STOP_HANDLERS.append(handler)
+    try:
+        yield
+    finally:
+        _STOP_HANDLERS.remove(handler)
+
+
+def stop_requested(message: str) -> bool:
+    """Tell this process's stop handlers (`on_stop`); whether there was one."""
+    handlers = list(_STOP_HANDLERS)
+    for handler in handlers:
+        handler(message)
+    return bool(handlers)
+
+
 def account(
     seconds: Mapping[str, float], data: Mapping[str, Any] | None = None, context: StepContext | None = None
 ) -> bool:
     """Say where this attempt's time went so far: `seconds` by activity (the step's own words,
     e.g. `{"startup": 12.0, "compilation": 8.1, "steps": 300.2}`), summing to the time since the
     step function was called; `data` adds counts (`{"first_step": 21, "last_step": 80}`). The
-    runner's ledger (`pipeline.observe.ledger`) puts the attempt's waiting before it and counts
+    runner's ledger (`pipeline.core.ledger`) puts the attempt's waiting before it and counts
     the time after the latest account as lost. Each call replaces the last (the leader's, in a
     gang); never raises. Returns whether it was written."""
     context = context or current()

@@ -147,6 +147,11 @@ def ledger_path(step_dir: str, token: int) -> str:
     return f"{step_dir.rstrip('/')}/{LOGS_DIR}/{ledger_name(token)}"
 
 
+def stop_request_name(token: int) -> str:
+    """The runner's request to an attempt's processes: stop cleanly (its run's budget is spent)."""
+    return f"attempt-{token}.stop"
+
+
 def dump_request_name(token: int) -> str:
     """The watchdog's request to an attempt's processes: save your stacks."""
     return f"attempt-{token}.dump"

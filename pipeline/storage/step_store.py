@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pipeline.core.lease import LeaseRecord, Owner, is_stale
+from pipeline.core.ledger import StepLedger, step_ledger
 from pipeline.core.numbers import finite_number, usable_time
 from pipeline.core.records import (
     ANNOUNCES_START,
@@ -46,7 +47,17 @@ from pipeline.core.records import (
 from pipeline.errors import StorageAccessDenied, StorageError
 from pipeline.processes import pid_alive
 from pipeline.storage.files import Storage
-from pipeline.storage.layout import ADOPTING, CORRUPT_PREFIX, LEASE, PROGRESS, STATUS, STEP_JSON, is_payload
+from pipeline.storage.layout import (
+    ADOPTING,
+    CORRUPT_PREFIX,
+    LEASE,
+    PROGRESS,
+    STATUS,
+    STEP_JSON,
+    is_payload,
+    ledger_path,
+    started_path,
+)
 from pipeline.storage.opening import map_reads
 
 __all__ = ["Acquired", "AlreadyDone", "Held", "StepStore", "content_digest"]
@@ -115,6 +126,33 @@ class StepStore:
                 return StepRecord(events, corrupt=corrupt)
             lease = LeaseRecord.parse(data)
         return StepRecord(events, step_json, lease)
+
+    def ledger(self, step_dir: str, record: StepRecord, now: float) -> StepLedger | None:
+        """The step's ledger (`pipeline.core.ledger`) from `record` (read with metadata, for its
+        resources), each attempt's `.started` marker and its account; None before any attempt."""
+        if record.corrupt or not record.events:
+            return None
+        started: dict[int, float] = {}
+        accounts: dict[int, Any] = {}
+        for token in sorted({e.token for e in record.events if e.event == Event.RUNNING}):
+            reads = (
+                (started_path(step_dir, token), started, "time"),
+                (ledger_path(step_dir, token), accounts, None),
+            )
+            for path, into, key in reads:
+                data = self.storage.read(path)
+                if data is None:
+                    continue
+                try:
+                    value = json.loads(data)
+                except ValueError:
+                    continue  # a malformed marker or account says nothing
+                if key is None:
+                    into[token] = value
+                elif isinstance(value, dict) and finite_number(value.get(key)):
+                    into[token] = float(value[key])
+        resources = (record.step_json or {}).get("resources")
+        return step_ledger(record.events, started, accounts, resources, now)
 
     def records(
         self, step_dirs: Iterable[str], *, with_metadata: bool = True, threads: int = 16

@@ -1,5 +1,5 @@
 """Where an attempt of a training spends its time, kept as it goes: the training's half of the
-ledger (the runner's half, `pipeline.observe.ledger`, adds the waiting before it and what was
+ledger (the runner's half, `pipeline.core.ledger`, adds the waiting before it and what was
 lost after the last account).
 
 A `PhaseClock` gives every second since the step function was called to exactly one activity:

@@ -11,6 +11,9 @@ it whatever the interval, waits until it is committed, and raises `PreemptionNot
 function ends with it, the runner records the attempt PREEMPTED (not failed) and retries it, and
 the retry resumes from that very step: of the steps done, none is lost.
 
+The runner's request to stop (its run's budget is spent: `step_events.on_stop`) takes the same
+path, and ends the attempt with `StepStopped` instead: recorded CANCELLED, resumed by the next run.
+
 A second SIGTERM while the checkpoint is being saved is noted again, not obeyed: the save is what
 the grace period is for, and SIGKILL comes anyway when it runs out.
 """
@@ -25,7 +28,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from pipeline.steplib import StepPreempted
+from pipeline.steplib import StepPreempted, StepStopped, step_events
 
 __all__ = ["PreemptionNoticed", "decide", "decided", "notice_handler", "received"]
 
@@ -38,6 +41,8 @@ class PreemptionNoticed(StepPreempted):
 
 _RECEIVED: list[float] = []
 _DECIDED: list[int] = []
+_STOP: list[str] = []
+"""The runner's message, when the notice is its request to stop (the run's budget is spent)."""
 
 
 def received() -> bool:
@@ -57,8 +62,13 @@ def decided() -> int | None:
     return _DECIDED[0] if _DECIDED else None
 
 
-def stopped(step: int) -> PreemptionNoticed:
-    """The error that ends the attempt once the checkpoint of `step` is committed."""
+def stopped(step: int) -> Exception:
+    """The error that ends the attempt once the checkpoint of `step` is committed: a preemption,
+    or, when the runner asked, a clean stop (`StepStopped`, recorded CANCELLED, not retried)."""
+    if _STOP:
+        return StepStopped(
+            f"{_STOP[0]}: saved the checkpoint of step {step}; the next run resumes from there"
+        )
     waited = time.time() - _RECEIVED[0] if _RECEIVED else 0.0
     return PreemptionNoticed(
         f"preemption notice (SIGTERM): saved the checkpoint of step {step} {waited:.1f} s after it came; "
@@ -70,17 +80,28 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     _RECEIVED.append(time.time())
 
 
+def _on_stop_request(message: str) -> None:
+    """The runner asked the attempt to stop (`step_events.on_stop`): the same path as a notice."""
+    _STOP.append(message)
+    _RECEIVED.append(time.time())
+
+
 @contextlib.contextmanager
 def notice_handler() -> Iterator[None]:
-    """Take SIGTERM as a preemption notice while the block runs (a training's attempts)."""
+    """Take SIGTERM as a preemption notice, and the runner's request to stop as a notice to stop,
+    while the block runs (a training's attempts)."""
     _RECEIVED.clear()
     _DECIDED.clear()
+    _STOP.clear()
     if threading.current_thread() is not threading.main_thread():
-        yield  # a thread of the local backend: signals are the runner's (Ctrl-C cancels the run)
+        # A thread of the local backend: signals are the runner's (Ctrl-C cancels the run).
+        with step_events.on_stop(_on_stop_request):
+            yield
         return
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        yield
+        with step_events.on_stop(_on_stop_request):
+            yield
     finally:
         signal.signal(signal.SIGTERM, previous)
         if _RECEIVED and not _DECIDED:
@@ -89,3 +110,4 @@ def notice_handler() -> Iterator[None]:
             logger.warning("a preemption notice came after the last training step: finishing")
         _RECEIVED.clear()
         _DECIDED.clear()
+        _STOP.clear()

@@ -78,6 +78,7 @@ from steps.training.estimates import (
     layout_problems,
     layout_summary,
     readable_bytes,
+    training_seconds,
 )
 from steps.training.gang_sync import join_gang
 from steps.training.mesh import MeshSpec
@@ -246,6 +247,20 @@ def preview(config: TrainMoeConfig) -> dict[str, Any]:
     if resumes is not None:
         out["resumes from"] = f"step {resumes} (its newest checkpoint)"
     return out
+
+
+def estimate(config: TrainMoeConfig) -> float | None:
+    """Seconds the training will hold its devices, for a run's budget: 6 x active parameters x
+    tokens at the declared accelerator's peak and MFU (`training_seconds`); None without a
+    declared accelerator or a known vocabulary."""
+    from steps.training.models import parameter_counts
+
+    vocab = config.vocab_size or _tokenizer_size_if_known(config.data)
+    hardware = config.hardware or Hardware()
+    if vocab is None:
+        return None
+    tokens = config.batch_size * config.seq_len * config.num_steps
+    return training_seconds(parameter_counts(config.model, vocab)[1], tokens, hardware)
 
 
 def _resumes_from(config: TrainMoeConfig) -> int | None:
@@ -458,4 +473,5 @@ step_function(
     compile=compile_layout,
     fresh_process=True,
     watchdog=TRAINING_PACE,
+    estimate=estimate,
 )

@@ -67,7 +67,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from pipeline.core.plan import Plan, State
 from pipeline.core.tpu import TpuSlice, tpu_slice
-from pipeline.errors import StepCancelled, StepDeclarationError, StepFailed, StepPreempted
+from pipeline.errors import StepCancelled, StepDeclarationError, StepFailed, StepPreempted, StepStopped
 from pipeline.run.backends.base import Backend, StepTask
 from pipeline.run.backends.local_cluster import auth_env, find_cluster
 from pipeline.run.backends.ray_resources import (
@@ -373,6 +373,8 @@ class RayBackend(Backend):
             ) from None
         if isinstance(error, ray.exceptions.RayTaskError) and isinstance(error.cause, FencedWrite):
             raise LeaseExpired(str(error.cause)) from None
+        if isinstance(error, ray.exceptions.RayTaskError) and isinstance(error.cause, StepStopped):
+            raise StepStopped(str(error.cause)) from None  # asked to stop by its run (its budget)
         if isinstance(error, ray.exceptions.RayTaskError) and isinstance(error.cause, StepPreempted):
             # The step ended itself as preempted (a training that saved its checkpoint on a
             # preemption notice): its process did not crash.

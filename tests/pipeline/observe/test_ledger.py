@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.core.ledger import Devices, devices_of, step_ledger
 from pipeline.core.records import StatusEvent
-from pipeline.observe.ledger import Devices, devices_of, step_ledger
 
 
 def ev(event: str, token: int, time: float) -> StatusEvent:

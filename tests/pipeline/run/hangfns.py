@@ -27,8 +27,11 @@ def _stuck() -> None:
 @step_function(watchdog=HangPolicy(factor=10.0, floor=1.0, startup=60.0))
 def hanging(config: HangConfig) -> None:
     """Report progress step by step; at `hang_at`, the first time, stop reporting for good."""
+    began = time.time()
     for i in range(1, config.steps + 1):
         step_events.progress(i, config.steps, "steps")
+        # Its own account of its time (the ledger): all of it steps, to the last one begun.
+        step_events.account({"steps": time.time() - began}, {"last_step": i})
         if i == config.hang_at and config.marker and not os.path.exists(config.marker):
             open(config.marker, "w").close()
             _stuck()

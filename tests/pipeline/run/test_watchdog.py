@@ -7,7 +7,10 @@ import json
 import threading
 import time
 
+import pytest
+
 from pipeline import ExecutorMainConfig, HangPolicy, Resources, Step, run_experiment, this_output
+from pipeline.core.ledger import step_ledger
 from pipeline.core.records import Event
 from pipeline.run.pulse import dump_stacks
 from pipeline.run.watchdog import Hang, Watchdog, describe_stacks
@@ -160,6 +163,19 @@ def test_a_hung_step_is_stopped_its_stacks_saved_and_retried(tmp_path, webhook):
     assert warning.data["hung"] is True and warning.data["bound_seconds"] == 2.0
     assert warning.data["stalled_seconds"] < 2.0 + 3 * 5.0  # the bound, plus the watchdog's polls
     assert preempted.message.startswith("hung: no progress for ")
+    # The ledger: the time from the hang to the watchdog's stop is lost; the steps before it are not.
+    token = events[0].token
+    account = json.loads((step_dir / ".logs" / f"attempt-{token}.ledger.json").read_text())
+    (hung_attempt, _) = step_ledger(events, {}, {token: account}, None, now=events[-1].time).attempts
+    assert hung_attempt.ending == "PREEMPTED" and account["data"]["last_step"] == 3
+    lost = hung_attempt.seconds["lost"]
+    assert warning.data["stalled_seconds"] - 2.5 <= lost <= preempted.time - events[0].time, (
+        lost,
+        warning.data,
+    )
+    assert hung_attempt.seconds["steps"] < 2.0 and sum(hung_attempt.seconds.values()) == pytest.approx(
+        hung_attempt.held
+    )
     stacks = (step_dir / ".logs" / f"attempt-{events[0].token}-stacks.log").read_text()
     assert "step thread: 0x" in stacks and "_stuck" in stacks
     # The alert promises no checkpoint the step never reported (it said "retrying from its
