@@ -25,11 +25,13 @@ from typing import Any
 from pipeline.cli.common import output_may_close, quiet_broken_pipe
 from pipeline.cli.loading import ExperimentCall, current_handler, run_file, split_remaps, split_source
 from pipeline.core.plan import Plan, State
+from pipeline.core.prices import price_table
 from pipeline.core.report import RunReport
 from pipeline.errors import DrydockError
 from pipeline.observe.explain import plan_explanations
 from pipeline.observe.render import format_preview, plan_table, print_table, run_summary
 from pipeline.run.backends.ray_resources import follower_shortfalls
+from pipeline.run.budget import estimate_text
 from pipeline.run.experiment import run_experiment
 from pipeline.run.hooks import step_compilations, step_previews, step_reports, step_warnings
 from pipeline.run.options import parse_options, validate_options
@@ -216,6 +218,15 @@ def _print_plan(result: Plan, config: Any) -> int:
                 dict(preview) if isinstance(preview, Mapping) else ({"preview": preview} if preview else {})
             )
             previews[label] = {**base, **figures}
+    prices = price_table()
+    for label in result.in_state(State.RUN, State.WAIT):
+        text = estimate_text(result, label, prices)
+        if text is not None:  # the device time the step will hold, for budgets
+            preview = previews.get(label)
+            base = (
+                dict(preview) if isinstance(preview, Mapping) else ({"preview": preview} if preview else {})
+            )
+            previews[label] = {**base, "device time": text}
     explanations = plan_explanations(result, open_storage(result.dag.prefix))
     warnings = _plan_warnings(result, config)
     if config.json:

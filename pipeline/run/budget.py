@@ -27,7 +27,15 @@ from pipeline.step import hooks_of
 from pipeline.storage.layout import LOGS_DIR, stop_request_name
 from pipeline.storage.step_store import StepStore
 
-__all__ = ["Budget", "BudgetWatch", "check_plan", "estimated", "spent"]
+__all__ = [
+    "Budget",
+    "BudgetWatch",
+    "check_plan",
+    "estimate_text",
+    "estimated",
+    "spent",
+    "step_estimate",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -79,29 +87,51 @@ def _total(by_step: Mapping[str, tuple[float, float | None]]) -> tuple[float, fl
     return hours, None if any(c is None for c in costs) else sum(c for c in costs if c is not None)
 
 
+def step_estimate(plan: Plan, label: str, prices: Mapping[str, float]) -> tuple[float, float | None] | None:
+    """Device-hours and dollars (None without a price) step `label` is estimated to hold: its
+    function's `estimate` (seconds) times the devices its `Resources` hold; None without one."""
+    node = plan.dag.nodes[label]
+    estimate = hooks_of(node.step.fn).estimate
+    if estimate is None:
+        return None
+    try:
+        seconds = estimate(resolved_config(plan.dag, label))
+    except Exception as e:  # an estimate only informs: the step counts as one without
+        logger.debug("estimate of %s: %s", node.name, e)
+        return None
+    if seconds is None:
+        return None
+    devices = devices_of(node.step.resources.to_json())
+    hours = devices.count * float(seconds) / 3600.0
+    price = prices.get(devices.kind)
+    return hours, None if price is None else price * hours
+
+
+def estimate_text(plan: Plan, label: str, prices: Mapping[str, float]) -> str | None:
+    """What `drydock plan` shows of a step's estimate: `1,812 device-hours on 64 H100 (~$12,467 at
+    list price)`."""
+    found = step_estimate(plan, label, prices)
+    if found is None:
+        return None
+    hours, dollars = found
+    devices = devices_of(plan.dag.nodes[label].step.resources.to_json())
+    cost = f" (~${dollars:,.0f} at the price table)" if dollars is not None else ""
+    return f"{hours:,.4g} device-hours on {devices.count:g} {devices.kind}{cost}"
+
+
 def estimated(plan: Plan, prices: Mapping[str, float]) -> tuple[float, float | None, list[str]]:
     """Device-hours and dollars the steps this plan will run are estimated to hold, and the
     names of those without an estimate (they count nothing)."""
     hours, dollars, unknown = 0.0, 0.0, []
     priced = True
     for label in plan.in_state(State.RUN):
-        node = plan.dag.nodes[label]
-        estimate = hooks_of(node.step.fn).estimate
-        seconds = None
-        if estimate is not None:
-            try:
-                seconds = estimate(resolved_config(plan.dag, label))
-            except Exception as e:  # an estimate only informs: the step is counted as unknown
-                logger.debug("estimate of %s: %s", node.name, e)
-        if seconds is None:
-            unknown.append(node.name)
+        found = step_estimate(plan, label, prices)
+        if found is None:
+            unknown.append(plan.dag.nodes[label].name)
             continue
-        devices = devices_of(node.step.resources.to_json())
-        step_hours = devices.count * float(seconds) / 3600.0
-        hours += step_hours
-        price = prices.get(devices.kind)
-        priced = priced and price is not None
-        dollars += (price or 0.0) * step_hours
+        hours += found[0]
+        priced = priced and found[1] is not None
+        dollars += found[1] or 0.0
     return hours, (dollars if priced else None), unknown
 
 

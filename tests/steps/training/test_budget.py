@@ -57,6 +57,11 @@ def test_a_plan_whose_estimate_exceeds_the_budget_is_refused_in_one_line(tmp_pat
     ), line
     assert float(re.search(r"estimated at ([\d.e+]+) device-hours", line).group(1)) > 1000
     assert not (tmp_path / "prefix").exists()  # nothing written
+    # Without a budget, the plan shows the estimate it went by.
+    shown = drydock("plan", str(exp), "--prefix", str(tmp_path / "prefix"))
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    estimate = r"device time: +1,812 device-hours on 64 H100 \(~\$[\d,]+ at the price table\)"
+    assert re.search(estimate, shown.stdout), shown.stdout[-2000:]
     bad = drydock("plan", str(exp), "--prefix", str(tmp_path / "prefix"), "--budget_dollars", "-5")
     assert bad.returncode == 2 and "`--budget_dollars`: must be a positive number" in bad.stderr
 
