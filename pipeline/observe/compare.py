@@ -24,10 +24,12 @@ import dataclasses
 import io
 import json
 import math
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.core.prices import price_table
 from pipeline.core.records import Event, StepRecord, last_state
 from pipeline.observe.metrics import branch_of, parse_events, parse_metrics, read_metrics_data
 from pipeline.storage.opening import map_reads
@@ -77,6 +79,9 @@ class Row:
     metrics: Mapping[str, float | None] = field(default_factory=dict)
     own: frozenset[str] = frozenset()
     """The params that are the row step's own fields (the rest come from its upstream steps)."""
+    device_time: Mapping[str, float | None] = field(default_factory=dict)
+    """From the step's ledger (`pipeline.core.ledger`): `device_hours`, `goodput`, `cost_usd`
+    (at the price table; None without a price), every attempt of the step together."""
 
 
 def manifest_steps(manifest: Mapping[str, Any], run: str, root: str) -> list[CompareStep]:
@@ -105,6 +110,7 @@ def recorded_metrics(record: StepRecord) -> dict[str, float | None] | None:
 def compare_rows(steps: Sequence[CompareStep], store: StepStore) -> list[Row]:
     """The rows of `steps` (every step of every compared run), read from storage."""
     records = store.records([s.output_path for s in steps], with_metadata=True)
+    now, prices = time.time(), price_table()
     by_label: dict[tuple[str, str], CompareStep] = {(s.run, s.label): s for s in steps}
     metrics = {
         key: found
@@ -139,7 +145,17 @@ def compare_rows(steps: Sequence[CompareStep], store: StepStore) -> list[Row]:
         for ancestor in _identity_ancestors(key, by_label, records):
             for path, value in _flatten(versioned[ancestor]):
                 params[f"{by_label[ancestor].name}.{path}"] = value
-        rows.append(Row(step.run, step.label, step.name, step.output_path, params, merged[key], own))
+        ledger = store.ledger(step.output_path, records[step.output_path], now)
+        device_time: dict[str, float | None] = {}
+        if ledger is not None:
+            device_time = {
+                "device_hours": ledger.device_hours,
+                "goodput": ledger.goodput,
+                "cost_usd": ledger.cost(prices),
+            }
+        rows.append(
+            Row(step.run, step.label, step.name, step.output_path, params, merged[key], own, device_time)
+        )
     return rows
 
 
@@ -258,6 +274,7 @@ def rows_json(rows: Sequence[Row]) -> dict[str, Any]:
                 "output_path": r.output_path,
                 "params": dict(r.params),
                 "metrics": dict(r.metrics),
+                "device_time": dict(r.device_time),
             }
             for r in rows
         ],
@@ -301,6 +318,12 @@ def table_rows(rows: Sequence[Row], width: int | None = None) -> tuple[list[str]
     columns.append(("step", [r.name for r in rows]))
     columns += [(short[p], [_cell(r.params.get(p)) for r in rows]) for p in own_params]
     columns += [(m, [_fmt(r.metrics.get(m)) for r in rows]) for m in metrics]
+    if any(r.device_time for r in rows):  # what each row cost, from its ledger
+        columns.append(("device-h", [_fmt(r.device_time.get("device_hours")) for r in rows]))
+        if any(r.device_time.get("cost_usd") is not None for r in rows):
+            columns.append(("cost $", [_fmt(r.device_time.get("cost_usd")) for r in rows]))
+        goodput = [r.device_time.get("goodput") for r in rows]
+        columns.append(("goodput", ["" if g is None else f"{g:.0%}" for g in goodput]))
     columns += [(short[p], [_cell(r.params.get(p)) for r in rows]) for p in upstream_params]
     kept: list[tuple[str, list[str]]] = []
     left_out: list[str] = []

@@ -24,6 +24,7 @@ from pipeline.observe.compare import (
     rows_csv,
     rows_json,
     sort_rows,
+    table_rows,
 )
 from pipeline.storage.manifests import list_manifests, load_manifest, manifest_dir
 from pipeline.storage.opening import open_storage
@@ -88,6 +89,14 @@ def test_one_row_per_training_with_its_evaluations_metrics(prefix):
         assert row.params["learning_rate"] == lr and row.params["data/corpus.documents"] == 3
     # Only what differs is a column; the corpus and the step count agree.
     assert differing_params(rows) == ["learning_rate"]
+    # What each row held, from its ledger: a CPU core for as long as the training step ran.
+    for row in rows:
+        events = store.events(row.output_path)
+        held = events[-1].time - events[0].time
+        assert row.device_time["device_hours"] == pytest.approx(held / 3600)
+        assert row.device_time["goodput"] == pytest.approx(1.0)  # no account: all of it work
+    header, _body, _left = table_rows(rows)
+    assert {"device-h", "cost $", "goodput"} <= set(header)
 
 
 def test_a_sweep_gives_a_row_per_training_and_sorts(prefix):
