@@ -36,6 +36,8 @@ from fastapi.templating import Jinja2Templates
 
 from pipeline.core.figures import FIGURES, figures_text, live_figures
 from pipeline.core.numbers import finite_number, usable_time
+from pipeline.core.prices import price_table
+from pipeline.core.records import StepRecord
 from pipeline.errors import StorageError
 from pipeline.observe.dag_render import DagNode, state_color, to_svg
 from pipeline.observe.dashboard import data, is_loopback, step_data
@@ -333,6 +335,7 @@ def _step_context(storage: Storage, prefix: str, detail: data.StepDetail) -> dic
     return {
         "detail": detail,
         "run": run,
+        "ledger": _ledger(storage, prefix, detail),
         "throughput": _throughput(detail.metrics),
         "latest_log": latest_log,
         "chart": chart,
@@ -344,6 +347,15 @@ def _step_context(storage: Storage, prefix: str, detail: data.StepDetail) -> dic
         "failure": _failure(detail),
         "refresh": REFRESH_SECONDS if detail.state == "RUNNING" and not detail.stale else None,
     }
+
+
+def _ledger(storage: Storage, prefix: str, detail: data.StepDetail) -> dict[str, Any] | None:
+    """Where the step's device time went (`pipeline.core.ledger`), as the page shows it."""
+    record = StepRecord(events=tuple(detail.events), step_json=detail.step_json)
+    ledger = StepStore(storage).ledger(f"{prefix.rstrip('/')}/{detail.label}", record, time.time())
+    if ledger is None:
+        return None
+    return ledger.to_json(price_table())
 
 
 def _run_page(storage: Storage, prefix: str, detail: data.StepDetail) -> RunPage:

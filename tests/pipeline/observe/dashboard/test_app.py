@@ -110,6 +110,10 @@ def test_the_run_page_gathers_prediction_throughput_step_times_hosts_attempts(da
     assert re.search(r"<td>0</td><td>pid \d+ on ", hosts) and f"/steps/{label}/logs/attempt-1.log" in hosts
     attempts = page.split('id="attempt-table"')[1].split("</table>")[0]
     assert attempts.count('data-outcome="SUCCESS"') == 1
+    # Where its device time went (the ledger): one CPU core, one attempt, all of it work.
+    ledger = page.split('id="ledger"')[1].split("</section>")[0]
+    assert "1 CPU held for" in ledger and "over 1 attempt(s)" in ledger and "goodput 100%" in ledger
+    assert "<th>work</th>" in ledger and "<td>SUCCESS</td>" in ledger
     # The API has the same sections.
     run = get(dashboard, f"/api/steps/{label}").json()["run"]
     assert [h["host"] for h in run["hosts"]] == [0] and run["attempts"][0]["outcome"] == "SUCCESS"
