@@ -11,6 +11,9 @@ it whatever the interval, waits until it is committed, and raises `PreemptionNot
 function ends with it, the runner records the attempt PREEMPTED (not failed) and retries it, and
 the retry resumes from that very step: of the steps done, none is lost.
 
+A Google Cloud VM's metadata announcing its end (a TERMINATE maintenance event, a spot VM's
+preemption: `steps.training.maintenance`) is a notice too.
+
 The runner's request to stop (its run's budget is spent: `step_events.on_stop`) takes the same
 path, and ends the attempt with `StepStopped` instead: recorded CANCELLED, resumed by the next run.
 
@@ -29,6 +32,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from pipeline.steplib import StepPreempted, StepStopped, step_events
+from steps.training import maintenance
 
 __all__ = ["PreemptionNoticed", "decide", "decided", "notice_handler", "received"]
 
@@ -41,6 +45,8 @@ class PreemptionNoticed(StepPreempted):
 
 _RECEIVED: list[float] = []
 _DECIDED: list[int] = []
+_WHY: list[str] = []
+"""What the notice was, when it was not SIGTERM (a GCE maintenance event)."""
 _STOP: list[str] = []
 """The runner's message, when the notice is its request to stop (the run's budget is spent)."""
 
@@ -70,13 +76,21 @@ def stopped(step: int) -> Exception:
             f"{_STOP[0]}: saved the checkpoint of step {step}; the next run resumes from there"
         )
     waited = time.time() - _RECEIVED[0] if _RECEIVED else 0.0
+    why = _WHY[0] if _WHY else "SIGTERM"
     return PreemptionNoticed(
-        f"preemption notice (SIGTERM): saved the checkpoint of step {step} {waited:.1f} s after it came; "
+        f"preemption notice ({why}): saved the checkpoint of step {step} {waited:.1f} s after it came; "
         "the retry resumes from there"
     )
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
+    _RECEIVED.append(time.time())
+
+
+def _on_maintenance(why: str) -> None:
+    """The VM's metadata announces its end (`steps.training.maintenance`): a notice."""
+    logger.warning("preemption notice: %s", why)
+    _WHY.append(why)
     _RECEIVED.append(time.time())
 
 
@@ -93,14 +107,15 @@ def notice_handler() -> Iterator[None]:
     _RECEIVED.clear()
     _DECIDED.clear()
     _STOP.clear()
+    _WHY.clear()
     if threading.current_thread() is not threading.main_thread():
         # A thread of the local backend: signals are the runner's (Ctrl-C cancels the run).
-        with step_events.on_stop(_on_stop_request):
+        with step_events.on_stop(_on_stop_request), maintenance.watching(_on_maintenance):
             yield
         return
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        with step_events.on_stop(_on_stop_request):
+        with step_events.on_stop(_on_stop_request), maintenance.watching(_on_maintenance):
             yield
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -111,3 +126,4 @@ def notice_handler() -> Iterator[None]:
         _RECEIVED.clear()
         _DECIDED.clear()
         _STOP.clear()
+        _WHY.clear()
