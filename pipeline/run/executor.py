@@ -51,9 +51,7 @@ def execute(
 ) -> RunReport:
     """Run every RUN step of `plan` (and wait for WAIT steps) until the plan is finished, or
     until `budget` is spent."""
-    execution = _Execution(plan, store, backend, owner, options, report or Reporter(), clock)
-    execution.budget = budget
-    return execution.run()
+    return _Execution(plan, store, backend, owner, options, report or Reporter(), clock, budget).run()
 
 
 class _Execution:
@@ -66,6 +64,7 @@ class _Execution:
         options: ExecutionOptions,
         report: Reporter,
         clock: Callable[[], float],
+        budget: BudgetWatch | None = None,
     ) -> None:
         self.plan = plan
         self.dag = plan.dag
@@ -89,7 +88,7 @@ class _Execution:
         self.requeued: set[str] = set()
         """Followers stopped because the step they follow is retried: run again once it starts."""
         self.starts_checked = 0.0
-        self.budget: BudgetWatch | None = None
+        self.budget = budget
         self.budget_checked = 0.0
         self.touched: set[str] = set()
         """Steps this run has started: their ledgers change while it runs."""
@@ -139,8 +138,13 @@ class _Execution:
     def _check_budget(self) -> None:
         """Once the budget is spent: start nothing more, ask the steps in flight to stop cleanly
         (a training saves a checkpoint; a step that cannot stop finishes), and say so."""
+        if self.budget is None:
+            return
+        if self.budget.spent is not None:
+            self.state.cancel_all()  # a retry (a preempted step) does not start either
+            return
         now = self.clock()
-        if self.budget is None or now - self.budget_checked < self.options.wait_poll_interval:
+        if now - self.budget_checked < self.options.wait_poll_interval:
             return
         self.budget_checked = now
         spent = self.budget.check(self.touched, now)
