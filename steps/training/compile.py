@@ -274,6 +274,10 @@ def _shown(config: TrainMoeConfig, vocab: int, figures: dict[str, Any]) -> dict[
             f"communication {times['communication']:.3g}): MFU {figures['mfu']:.0%} at best overlap "
             f"{figures['mfu_overlapped']:.0%}"
         )
+        # Beside the plan's `device time` (6ND at an assumed MFU, what a budget goes by): the
+        # compiled program's, at its roofline step time, a lower bound.
+        hours = times["step"] * config.num_steps * devices / 3600
+        out["compiled device time"] = f"{hours:,.4g} device-hours at the roofline step time (a lower bound)"
     return out
 
 

@@ -66,7 +66,7 @@ def test_a_plan_whose_estimate_exceeds_the_budget_is_refused_in_one_line(tmp_pat
     assert bad.returncode == 2 and "`--budget_dollars`: must be a positive number" in bad.stderr
 
 
-def test_a_spent_budget_stops_the_training_at_a_checkpoint_and_a_raised_one_resumes_it(tmp_path):
+def test_a_spent_budget_stops_the_training_at_a_checkpoint_and_a_raised_one_resumes_it(tmp_path, webhook):
     exp = experiment(tmp_path, QWEN, dict(name="adamw", learning_rate=3e-3), steps=STEPS)
     prefix = tmp_path / "prefix"
     # The data steps first, to know what they spent; then 30 more CPU-seconds: the training
@@ -76,8 +76,9 @@ def test_a_spent_budget_stops_the_training_at_a_checkpoint_and_a_raised_one_resu
         ledger_of(prefix, name)["device_hours"] for name in ("tokenized/prose", "tokenized/arithmetic")
     )
     budget = spent + 30 / 3600
+    url, received = webhook
     stopped = subprocess.run(
-        command(exp, prefix, "--budget_device_hours", f"{budget:.6f}"),
+        command(exp, prefix, "--budget_device_hours", f"{budget:.6f}", "--notify", url),
         env=env(),
         cwd=ROOT,
         capture_output=True,
@@ -95,6 +96,11 @@ def test_a_spent_budget_stops_the_training_at_a_checkpoint_and_a_raised_one_resu
     saved = int(re.search(r"saved the checkpoint of step (\d+)", message).group(1))
     assert 0 <= saved < STEPS - 1 and (train / "checkpoints" / f"step-{saved}" / "metadata.json").exists()
     assert not list(prefix.glob("evaluate/test-*/.status"))  # nothing else started
+    # Someone is told: a `budget` alert, then the run's end.
+    kinds = [m["body"]["drydock"]["kind"] for m in received]
+    assert "budget" in kinds, kinds
+    (alert,) = [m["body"]["text"] for m in received if m["body"]["drydock"]["kind"] == "budget"]
+    assert "the run's budget is spent: its steps have held" in alert
     # Spent is spent: the same budget is refused at plan, naming what was held.
     again = subprocess.run(
         command(exp, prefix, "--budget_device_hours", f"{budget:.6f}", "--dry_run", "true"),

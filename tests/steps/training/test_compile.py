@@ -105,6 +105,11 @@ def test_the_tiny_moe_compiles_for_a_v5p_slice_on_this_cpu_host(tmp_path):
         "compiled on:                TPU v5p:2x2x1 (4 chips), mesh data 2 x expert 2 (cached)" in again.stdout
     )
     assert "compiled memory per device:" in again.stdout
+    # Device time two ways: 6ND at the assumed MFU (what a budget goes by), and the compiled
+    # program's roofline step time x steps x devices, a lower bound.
+    hours = figures["roofline"]["step"] * entry["num_train_steps"] * 4 / 3600
+    assert f"compiled device time:       {hours:,.4g} device-hours at the roofline step time" in again.stdout
+    assert "device time: " in again.stdout and "on 4 v5p" in again.stdout
 
 
 @needs_libtpu
