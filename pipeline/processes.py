@@ -1,5 +1,5 @@
 """This machine and its processes: the host's id, whether a process still lives, the owner of a
-run started here.
+run started here, Drydock's cache directory on it.
 
 A lease names the host and process that holds it (`pipeline.core.lease.Owner`); a runner on the
 same host may take over a lease whose process is gone without waiting for it to expire. Asking
@@ -15,7 +15,17 @@ import uuid
 
 from pipeline.core.lease import Owner
 
-__all__ = ["current_owner", "host_id", "pid_alive", "process_start_time", "runner_alive"]
+__all__ = ["cache_dir", "current_owner", "host_id", "pid_alive", "process_start_time", "runner_alive"]
+
+
+def cache_dir(*parts: str) -> str:
+    """Drydock's cache on this machine, or `parts` under it: `$DRYDOCK_CACHE_DIR`, else
+    `$XDG_CACHE_HOME/drydock`, else `~/.cache/drydock`. What lives there: JAX's compilation cache
+    (`jax/`), compiled layouts (`compiled/`), raw inputs' fingerprints, `drydock cluster`s."""
+    base = os.environ.get("DRYDOCK_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "drydock"
+    )
+    return os.path.join(base, *parts)
 
 
 def _boot_id() -> str:

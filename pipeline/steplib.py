@@ -19,6 +19,8 @@ touching the step library, and a newcomer has one page to read:
     parallel_map         parallel work inside a step, asked of its backend (Ray tasks on Ray)
     write_atomically     one file written whole or not at all (`.tmp-*` first: gc finds leftovers)
     open_storage         the prefix's storage, for steps that write through it
+    cache_dir(*parts)    Drydock's cache on this machine ($DRYDOCK_CACHE_DIR, else
+                         $XDG_CACHE_HOME/drydock, else ~/.cache/drydock)
     StepCancelled        raised into a step function when its run is cancelled
     StepPreempted        raise it to end an attempt as PREEMPTED, to be retried (a training that
                          saved its checkpoint on a preemption notice)
@@ -48,6 +50,7 @@ from pipeline.observe.metrics import (
     segment_name,
 )
 from pipeline.observe.upstream import step_state
+from pipeline.processes import cache_dir
 from pipeline.run import step_events
 from pipeline.run.fence import LeaseExpired
 from pipeline.run.parallel import parallel_map
@@ -65,6 +68,7 @@ __all__ = [
     "StepPreempted",
     "StepStopped",
     "branch_event",
+    "cache_dir",
     "check_lease",
     "current_gang",
     "lease_guard",

@@ -21,6 +21,8 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from pipeline.steplib import cache_dir
+
 __all__ = [
     "CompilationStats",
     "compilation_cache_dir",
@@ -31,13 +33,12 @@ __all__ = [
 
 
 def compilation_cache_dir() -> str:
-    """Where JAX's persistent compilation cache is: `$JAX_COMPILATION_CACHE_DIR`, else
-    `$DRYDOCK_CACHE_DIR/jax`, else `~/.cache/drydock/jax`."""
+    """Where JAX's persistent compilation cache is: `$JAX_COMPILATION_CACHE_DIR`, else `jax/` in
+    Drydock's cache (`$DRYDOCK_CACHE_DIR`, else `$XDG_CACHE_HOME/drydock`, else `~/.cache/drydock`)."""
     explicit = os.environ.get("JAX_COMPILATION_CACHE_DIR")
     if explicit:
         return explicit
-    base = os.environ.get("DRYDOCK_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "drydock")
-    return os.path.join(base, "jax")
+    return cache_dir("jax")
 
 
 def use_compilation_cache() -> None:

@@ -38,6 +38,7 @@ from typing import Any
 import fsspec
 
 from pipeline import StepDeclarationError
+from pipeline.steplib import cache_dir
 
 __all__ = [
     "CHECKSUM_KEYS",
@@ -370,10 +371,7 @@ class _HashCache:
 
     @staticmethod
     def location() -> str:
-        base = os.environ.get("DRYDOCK_CACHE_DIR") or os.path.join(
-            os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "drydock"
-        )
-        return os.path.join(base, "file-hashes.json")
+        return cache_dir("file-hashes.json")
 
     def sha256(self, path: str, st: os.stat_result) -> str:
         if self._entries is None:

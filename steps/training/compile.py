@@ -24,7 +24,8 @@ which `drydock plan --compile` turns into one line naming the step.
 
 Results are cached by everything the program is made of (model, optimizer, guards, batch, length,
 precision, mesh, hardware, vocabulary, JAX and libtpu versions, this module's revision) under
-`$DRYDOCK_CACHE_DIR/compiled` (default `~/.cache/drydock/compiled`), so a second plan is instant.
+`compiled/` in Drydock's cache (`$DRYDOCK_CACHE_DIR`, default `~/.cache/drydock`), so a second
+plan is instant.
 The compile runs in a process of its own: it sets JAX's platform and flags for the target, and
 the hero's abstract program takes host memory the planning process should not keep.
 """
@@ -44,6 +45,7 @@ import tempfile
 import time
 from typing import Any
 
+from pipeline.steplib import cache_dir
 from steps.training.config import TrainMoeConfig
 from steps.training.estimates import ACCELERATORS, Hardware, memory_per_device, readable_bytes
 from steps.training.mesh import MeshSpec
@@ -180,8 +182,7 @@ def _cache_key(config: TrainMoeConfig, vocab: int) -> str:
 
 
 def _cache_path(key: str) -> str:
-    root = os.environ.get("DRYDOCK_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "drydock")
-    return os.path.join(root, "compiled", f"{key}.json")
+    return cache_dir("compiled", f"{key}.json")
 
 
 def _compile_in_worker(config: TrainMoeConfig, vocab: int) -> dict[str, Any]:

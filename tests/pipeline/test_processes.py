@@ -42,3 +42,16 @@ def test_an_exited_process_not_yet_reaped_is_not_alive():
         child.kill()
         child.wait()
     assert not pid_alive(child.pid, start)
+
+
+def test_drydocks_cache_is_drydock_cache_dir_else_xdg_else_home(monkeypatch, tmp_path):
+    from pipeline.processes import cache_dir
+
+    monkeypatch.delenv("DRYDOCK_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_dir("jax") == str(tmp_path / "home" / ".cache" / "drydock" / "jax")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir("clusters", "c1") == str(tmp_path / "xdg" / "drydock" / "clusters" / "c1")
+    monkeypatch.setenv("DRYDOCK_CACHE_DIR", str(tmp_path / "mine"))
+    assert cache_dir() == str(tmp_path / "mine")

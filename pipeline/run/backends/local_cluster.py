@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import DrydockError
-from pipeline.processes import pid_alive, process_start_time
+from pipeline.processes import cache_dir, pid_alive, process_start_time
 
 __all__ = [
     "ClusterError",
@@ -142,9 +142,8 @@ class LocalCluster:
 
 
 def clusters_root() -> Path:
-    """Where clusters' state lives: `$DRYDOCK_CACHE_DIR/clusters`, else ~/.cache/drydock/clusters."""
-    base = os.environ.get("DRYDOCK_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "drydock")
-    return Path(base) / "clusters"
+    """Where clusters' state lives: `clusters/` in Drydock's cache (`pipeline.processes.cache_dir`)."""
+    return Path(cache_dir("clusters"))
 
 
 def _ray() -> str:
