@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 STEPS = 80
 INTERVAL = 10  # the experiment's checkpoint_interval
+
+
+def between_checkpoints(prefix: Path, run: subprocess.Popen, avoid: tuple[int, ...]) -> int:
+    """Wait until the training of `run` has logged step 21 or later, at a step whose remainder by
+    the checkpoint interval is not in `avoid` (too near a checkpoint); that step."""
+    deadline = time.monotonic() + 600
+    while True:
+        found = list(prefix.glob("train/test-*/metrics.jsonl"))
+        steps = sorted(r["step"] for r in read_metrics(str(found[0])) if "loss" in r) if found else []
+        if steps and steps[-1] >= 21 and steps[-1] % INTERVAL not in avoid:
+            return steps[-1]
+        assert time.monotonic() < deadline and run.poll() is None, "the training did not reach step 21"
+        time.sleep(0.02)
 
 
 def test_sigterm_saves_the_step_in_hand_and_the_retry_resumes_from_it(tmp_path):
@@ -38,21 +52,12 @@ def test_sigterm_saves_the_step_in_hand_and_the_retry_resumes_from_it(tmp_path):
         stderr=subprocess.STDOUT,
         text=True,
     )
-    deadline = time.monotonic() + 600
-
-    def logged() -> list[int]:
-        found = list(prefix.glob("train/test-*/metrics.jsonl"))
-        return sorted(r["step"] for r in read_metrics(str(found[0])) if "loss" in r) if found else []
-
     # Signalled between two checkpoints (steps 21 to 28), so a save at an interval cannot pass
     # for the notice's.
-    while not (steps := logged()) or steps[-1] < 21 or steps[-1] % INTERVAL in (0, 9):
-        assert time.monotonic() < deadline and run.poll() is None, "the training did not reach step 21"
-        time.sleep(0.02)
+    before = between_checkpoints(prefix, run, (0, 9))
     train = step_dir(prefix, "train/test")
     pulse = json.loads((train / ".logs" / "attempt-1.pulse").read_text())
     pid = int(re.match(r"pid (\d+) on ", pulse["where"]).group(1))
-    before = steps[-1]
     os.kill(pid, signal.SIGTERM)
     out, _ = run.communicate(timeout=600)
     assert run.returncode == 0, out[-3000:]
@@ -133,15 +138,7 @@ def test_a_gce_maintenance_event_is_a_notice_too(tmp_path):
             stderr=subprocess.STDOUT,
             text=True,
         )
-        deadline = time.monotonic() + 600
-
-        def logged() -> list[int]:
-            found = list(prefix.glob("train/test-*/metrics.jsonl"))
-            return sorted(r["step"] for r in read_metrics(str(found[0])) if "loss" in r) if found else []
-
-        while not (steps := logged()) or steps[-1] < 21 or steps[-1] % INTERVAL in (0, 8, 9):
-            assert time.monotonic() < deadline and run.poll() is None, "the training did not reach step 21"
-            time.sleep(0.02)
+        between_checkpoints(prefix, run, (0, 8, 9))
         _Metadata.state["terminate"] = True
         out, _ = run.communicate(timeout=600)
         assert run.returncode == 0, out[-3000:]
