@@ -33,7 +33,6 @@ __all__ = [
     "check_plan",
     "estimate_text",
     "estimated",
-    "spent",
     "step_estimate",
 ]
 
@@ -71,14 +70,6 @@ def _spent_by(plan: Plan, store: StepStore, labels: Any, now: float, prices: Map
         if ledger is not None:
             out[label] = (ledger.device_hours, ledger.cost(prices))
     return out
-
-
-def spent(
-    plan: Plan, store: StepStore, now: float, prices: Mapping[str, float]
-) -> tuple[float, float | None]:
-    """Device-hours and dollars (None if a device has no price) the plan's steps have held, all
-    their attempts in every run so far."""
-    return _total(_spent_by(plan, store, plan.dag.nodes, now, prices))
 
 
 def _total(by_step: Mapping[str, tuple[float, float | None]]) -> tuple[float, float | None]:
@@ -135,12 +126,16 @@ def estimated(plan: Plan, prices: Mapping[str, float]) -> tuple[float, float | N
     return hours, (dollars if priced else None), unknown
 
 
-def check_plan(budget: Budget, plan: Plan, store: StepStore, now: float, prices: Mapping[str, float]) -> None:
+def check_plan(
+    budget: Budget, plan: Plan, store: StepStore, now: float, prices: Mapping[str, float]
+) -> dict[str, tuple[float, float | None]]:
     """Refuse (one `StepDeclarationError` naming the option) a run whose budget is spent already,
-    or whose estimate exceeds what is left."""
+    or whose estimate exceeds what is left. Returns what each step of the plan has spent so far
+    (device-hours, dollars), every attempt in every run: what `BudgetWatch` starts from."""
     if not budget.is_set:
-        return
-    used_hours, used_dollars = spent(plan, store, now, prices)
+        return {}
+    before = _spent_by(plan, store, plan.dag.nodes, now, prices)
+    used_hours, used_dollars = _total(before)
     spent_already = budget.over(used_hours, used_dollars)
     if spent_already:
         raise StepDeclarationError(
@@ -159,15 +154,24 @@ def check_plan(budget: Budget, plan: Plan, store: StepStore, now: float, prices:
             f"already: {over}{unestimated}",
             field=budget.field(),
         )
+    return before
 
 
 class BudgetWatch:
     """The budget while the run goes: what earlier runs spent, plus what the steps this run
     touches hold now (re-read from their ledgers at each check)."""
 
-    def __init__(self, budget: Budget, plan: Plan, store: StepStore, now: float, prices: Mapping[str, float]):
+    def __init__(
+        self,
+        budget: Budget,
+        plan: Plan,
+        store: StepStore,
+        before: Mapping[str, tuple[float, float | None]],
+        prices: Mapping[str, float],
+    ):
         self.budget, self.plan, self.store, self.prices = budget, plan, store, prices
-        self.before = _spent_by(plan, store, plan.dag.nodes, now, prices)
+        self.before = dict(before)
+        """What each step had spent when the run was planned (`check_plan`)."""
         self.spent: str | None = None
         """Why the run stopped, once its budget is spent."""
 

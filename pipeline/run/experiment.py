@@ -130,8 +130,8 @@ def run_experiment(
     dag, store, plan, digests = _prepare(steps, config)
     budget = Budget(config.budget_device_hours, config.budget_dollars)
     prices = price_table() if budget.is_set else {}
-    if budget.is_set:
-        check_plan(budget, plan, store, time.time(), prices)  # refused before anything runs
+    # Refused before anything runs; what the steps spent so far is where the run's watch starts.
+    spent_before = check_plan(budget, plan, store, time.time(), prices)
     if config.dry_run:
         check_declared(config.backend, plan)  # what `run` would refuse, `plan` refuses too
         return plan
@@ -206,7 +206,7 @@ def run_experiment(
             for warning in warnings:
                 emit(f"warning: {warning}")
         reporter = Reporter(emit, total=len(active), observe=console.state if console else None)
-        watch = BudgetWatch(budget, plan, store, time.time(), prices) if budget.is_set else None
+        watch = BudgetWatch(budget, plan, store, spent_before, prices) if budget.is_set else None
         with console or contextlib.nullcontext():
             report = execute(plan, store, backend, owner, options, reporter, budget=watch)
     finally:
