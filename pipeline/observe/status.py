@@ -475,6 +475,7 @@ def ledger_table(
             _duration(total_held),
             *("" for _ in used),
             f"{total_device_hours:.3g}",
+            f"{total_cost:,.4g}" if priced else "",
             goodput,
             "",
             style="bold",

@@ -148,3 +148,27 @@ def test_cost_is_device_hours_at_the_price_table_the_user_may_override(tmp_path,
     mine.write_text('{"H100": -1}')
     with pytest.raises(StepDeclarationError, match="the price of 'H100' must be a number of dollars >= 0"):
         price_table()
+
+
+def test_the_ledger_table_lines_up_each_step_and_the_runs_total():
+    from rich.console import Console
+
+    from pipeline.observe.status import StepEntry, StepStatus, ledger_table
+
+    events = [ev("RUNNING", 1, 0.0), ev("SUCCESS", 1, 3600.0)]
+    ledgers = {
+        "a-1": step_ledger(events, {}, {}, {"gpus": 2, "accelerator": "H100"}, now=3600.0),
+        "b-2": step_ledger(events, {}, {}, {"gpus": 1, "accelerator": "H100"}, now=3600.0),
+    }
+    rows = [StepStatus(StepEntry(label, label, f"/p/{label}"), "SUCCESS") for label in ledgers]
+    console = Console(width=200, record=True)
+    console.print(ledger_table(rows, ledgers, {"H100": 2.0}))
+    lines = {
+        line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+        for line in console.export_text().splitlines()
+        if line.startswith("│")
+    }
+    header = ["devices", "held", "work", "device-h", "cost $", "goodput", "redone"]  # no waiting: none
+    assert dict(zip(header, lines["a-1"], strict=True))["cost $"] == "4"
+    total = dict(zip(header, lines["all"], strict=True))
+    assert (total["device-h"], total["cost $"], total["goodput"]) == ("3", "6", "100%"), total
