@@ -178,14 +178,20 @@ def stop_requested(message: str) -> bool:
 
 
 def account(
-    seconds: Mapping[str, float], data: Mapping[str, Any] | None = None, context: StepContext | None = None
+    seconds: Mapping[str, float],
+    data: Mapping[str, Any] | None = None,
+    context: StepContext | None = None,
+    guard: LeaseGuard | None = None,
 ) -> bool:
     """Say where this attempt's time went so far: `seconds` by activity (the step's own words,
     e.g. `{"startup": 12.0, "compilation": 8.1, "steps": 300.2}`), summing to the time since the
     step function was called; `data` adds counts (`{"first_step": 21, "last_step": 80}`). The
     runner's ledger (`pipeline.core.ledger`) puts the attempt's waiting before it and counts
     the time after the latest account as lost. Each call replaces the last (the leader's, in a
-    gang); never raises. Returns whether it was written."""
+    gang); never raises. Returns whether it was written. `guard` (`lease_guard`, captured in the
+    step's thread; else the calling thread's) refuses the write once the lease may have expired:
+    an attempt that was paused past its lease changes nothing under the step's output, its own
+    ledger included (its last account stands; the pause is not counted)."""
     context = context or current()
     if context is None or not context.gang.leader:
         return False
@@ -196,8 +202,14 @@ def account(
         from pipeline.storage.layout import ledger_path
         from pipeline.storage.opening import open_storage
 
+        path = ledger_path(context.output_path, context.token)
+        try:
+            (guard or lease_guard())(f"write of {path}")
+        except LeaseExpired as e:  # (not an Exception: a step must not swallow it by mistake)
+            logger.warning("%s", e)
+            return False
         payload = json.dumps(record, default=str).encode()
-        open_storage(context.output_path).write(ledger_path(context.output_path, context.token), payload)
+        open_storage(context.output_path).write(path, payload)
         return True
     except Exception as e:  # the ledger must never break the step that keeps it
         logger.warning("could not record the ledger in %s/.logs: %s", context.output_path, e)

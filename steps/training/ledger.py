@@ -46,6 +46,8 @@ class PhaseClock:
         self._current = "startup"
         self._since = started
         self._context = context
+        # Captured here, in the step's thread: accounts also come from a checkpoint's commit thread.
+        self._guard = step_events.lease_guard()
         self._accounted = float("-inf")
         self.first_step: int | None = None
         self.last_step: int | None = None
@@ -129,7 +131,7 @@ class PhaseClock:
             "resumed_from": self.resumed_from,
             "previous_last_step": self.previous_last_step,
         }
-        step_events.account(self.seconds(), data, context=self._context)
+        step_events.account(self.seconds(), data, context=self._context, guard=self._guard)
 
 
 _ACTIVE: list[PhaseClock] = []

@@ -206,7 +206,9 @@ class JsonlTracker(Tracker):
         for key, short in (("throughput/tokens_per_second", "tokens_per_second"), ("throughput/mfu", "mfu")):
             if isinstance(record.get(key), int | float):
                 self._latest[short] = float(record[key])
-        if isinstance(loss, int | float) and not self._started:
+        if not self._started:
+            # The first stepped record, not the first loss: Levanter's performance hook logs every
+            # step from the first, the loss only from step 2 of a fresh run.
             self._started = True
             first_step(record["step"], record["wall_time"])
         if isinstance(loss, int | float) and (clock := ledger.active()) is not None:

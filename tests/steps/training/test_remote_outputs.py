@@ -407,6 +407,27 @@ def test_an_attempt_past_its_lease_uploads_nothing(url, tmp_path):
     assert _files(url) == published
 
 
+def test_an_attempt_past_its_lease_leaves_its_ledger_as_last_written(url):
+    """The ledger (`.logs/attempt-<token>.ledger.json`) is the attempt's own file, but under the
+    step's output all the same: once the lease may have expired, its accounts are dropped."""
+    step_dir = f"{url}/train/ledger-abc"
+    store = StepStore(open_storage(step_dir))
+    owner = current_owner()
+    token = store.acquire(step_dir, owner, ttl=60).token
+    left = [60.0]
+    with (
+        step_events.bind(step_events.StepContext(step_dir, owner.run_id, token)),
+        fenced_thread(Fence(lambda: left[0], "train/x")),
+    ):
+        guard = step_events.lease_guard()
+        assert step_events.account({"steps": 5.0}, {"last_step": 4}, guard=guard)
+        written = _files(f"{step_dir}/.logs")
+        left[0] = 0.0
+        assert not step_events.account({"steps": 9.0}, {"last_step": 8}, guard=guard)
+        assert not step_events.account({"steps": 9.0}, {"last_step": 8})  # the thread's own fence
+    assert len(written) == 1 and _files(f"{step_dir}/.logs") == written
+
+
 def test_an_upload_that_passed_its_check_before_a_pause_cannot_replace_a_newer_attempts_segment(
     url, tmp_path
 ):
