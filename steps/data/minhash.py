@@ -78,9 +78,9 @@ def _powers(base: np.uint64, n: int) -> tuple[np.ndarray, np.ndarray]:
 def _span_hashes(values: np.ndarray, starts: np.ndarray, ends: np.ndarray, base: np.uint64) -> np.ndarray:
     """sum(values[j] * base^(j - start)) over [start, end) for each span, mod 2^64: prefix sums
     of values weighted by base^j, shifted back by base^-start."""
-    up, down = _powers(base, len(values))
+    up, down = _powers(base, len(values) + 1)  # + 1: an empty span may start at the very end
     prefix = np.zeros(len(values) + 1, dtype=_U64)
-    np.multiply(values, up, out=values)
+    np.multiply(values, up[: len(values)], out=values)
     np.cumsum(values, dtype=_U64, out=prefix[1:])
     return (prefix[ends] - prefix[starts]) * down[starts]
 

@@ -44,6 +44,9 @@ def test_without_short_texts_a_text_of_fewer_words_has_no_n_gram():
     assert first.tolist() == [0, 0, 0, 2] and len(hashes) == 2
     assert hashes.tolist() == ngram_hashes(["a b c d e f"], 5)[0].tolist()
     assert len(ngram_hashes(["", "a"], 1, short=False)[0]) == 1  # the empty text has no word
+    # ... last, too (its empty word starts at the very end of the batch)
+    hashes, first = ngram_hashes(["a b", ""], 1, short=False)
+    assert first.tolist() == [0, 2] and hashes.tolist() == ngram_hashes(["a b"], 1)[0].tolist()
 
 
 def test_word_order_and_word_boundaries_matter():
