@@ -183,3 +183,202 @@ def sign_one_permutation(
                 while sig[first] == empty:
                     first += 1
                 out[d, k] = np.uint32(sig[first])
+
+
+@_compiled(nogil=True)
+def repetition_counts(
+    hashes: np.ndarray, lengths: np.ndarray, first: np.ndarray, top_ns: np.ndarray, dup_ns: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Gopher's n-gram repetition counts of each document of a batch (`steps.data.heuristics`):
+    the words' 64-bit hashes and lengths in characters, flat, with each document's first word at
+    `first[d]` (its last before `first[d + 1]`, or the end).
+
+    `top[d, k]`: the characters of document d's most frequent `top_ns[k]`-gram (its words and the
+    spaces between them) times its count, the first seen among equally frequent ones, as
+    datatrove's `Counter.most_common(1)` picks; 0 under n words. `dup[d, k]`: the characters (words
+    only) inside `dup_ns[k]`-grams seen before, scanning as datatrove does: after a repeated n-gram
+    the scan skips its n words, and skipped positions are not remembered. An n-gram's key is built
+    from the (n-1)-gram's at the same place and its last word's hash, for n = 1, 2, ... in turn;
+    two different n-grams of one document share a key with odds of about 2^-63 per pair."""
+    docs = len(first)
+    top = np.zeros((docs, len(top_ns)), dtype=np.int64)
+    dup = np.zeros((docs, len(dup_ns)), dtype=np.int64)
+    largest = 0
+    for n in top_ns:
+        largest = max(largest, n)
+    for n in dup_ns:
+        largest = max(largest, n)
+    for d in range(docs):
+        start = first[d]
+        end = first[d + 1] if d + 1 < docs else len(hashes)
+        words = end - start
+        size = 1
+        while size < 2 * words + 2:
+            size *= 2
+        mask = np.uint64(size - 1)
+        table = np.zeros(size, dtype=np.uint64)  # key (never 0: 0 marks an empty slot)
+        counts = np.zeros(size, dtype=np.int64)
+        where = np.zeros(size, dtype=np.int64)  # the n-gram's first position
+        order = np.zeros(words + 1, dtype=np.int64)  # slots in first-seen order
+        keys = np.zeros(words, dtype=np.uint64)
+        for n in range(1, min(largest, words) + 1):
+            for i in range(words - n + 1):  # keys[i]: the n-gram starting at word i
+                keys[i] = _mix(keys[i] * np.uint64(0x100000001B3) + hashes[start + i + n - 1]) | np.uint64(1)
+            for k in range(len(top_ns)):
+                if top_ns[k] != n:
+                    continue
+                table[:] = 0
+                counts[:] = 0
+                seen = 0
+                for i in range(words - n + 1):
+                    slot = keys[i] & mask
+                    while table[slot] != 0 and table[slot] != keys[i]:
+                        slot = (slot + np.uint64(1)) & mask
+                    if table[slot] == 0:
+                        table[slot] = keys[i]
+                        where[slot] = i
+                        order[seen] = slot
+                        seen += 1
+                    counts[slot] += 1
+                best, best_count = -1, 0
+                for s in range(seen):
+                    if counts[order[s]] > best_count:
+                        best, best_count = order[s], counts[order[s]]
+                if best >= 0:
+                    letters = 0
+                    for j in range(n):
+                        letters += lengths[start + where[best] + j]
+                    top[d, k] = (letters + n - 1) * best_count
+            for k in range(len(dup_ns)):
+                if dup_ns[k] != n:
+                    continue
+                table[:] = 0
+                chars = 0
+                i = 0
+                while i + n <= words:
+                    slot = keys[i] & mask
+                    while table[slot] != 0 and table[slot] != keys[i]:
+                        slot = (slot + np.uint64(1)) & mask
+                    if table[slot] == keys[i]:  # seen before: count its words, skip them
+                        for j in range(n):
+                            chars += lengths[start + i + j]
+                        i += n
+                    else:
+                        table[slot] = keys[i]
+                        i += 1
+                dup[d, k] = chars
+    return top, dup
+
+
+@njit(inline="always")
+def _kind(c: int) -> int:
+    """What a code point is to the heuristics' words: 0 whitespace, 1 punctuation or symbol, 2 a
+    digit, 3 a letter. ASCII exactly as Python's `str.isspace`/`isalnum` see it; beyond ASCII by
+    blocks: Latin-1's punctuation and symbols (NBSP as whitespace), U+2010-U+2BFF (dashes, curly
+    quotes, the ellipsis, bullets, currency, arrows, mathematical and other symbols), the CJK
+    symbols, the fullwidth ASCII punctuation and the pictographs (emoji) are punctuation, every
+    other code point a letter (`steps.data.heuristics` says what differs)."""
+    if c < 128:
+        if c == 32 or 9 <= c <= 13 or 28 <= c <= 31:
+            return 0
+        if 48 <= c <= 57:
+            return 2
+        if 65 <= c <= 90 or 97 <= c <= 122:
+            return 3
+        return 1
+    if c == 0xA0 or c == 0x85 or c == 0x1680 or 0x2000 <= c <= 0x200A or c == 0x2028 or c == 0x2029:
+        return 0
+    if c == 0x202F or c == 0x205F or c == 0x3000:
+        return 0
+    if 0xA1 <= c <= 0xBF or c == 0xD7 or c == 0xF7 or 0x2010 <= c <= 0x2BFF or 0x3001 <= c <= 0x303F:
+        return 1
+    if 0xFF01 <= c <= 0xFF0F or 0xFF1A <= c <= 0xFF20 or 0xFF3B <= c <= 0xFF40 or 0xFF5B <= c <= 0xFF65:
+        return 1
+    if 0x1F000 <= c <= 0x1FAFF:  # emoji and other pictographs
+        return 1
+    return 3
+
+
+@_compiled(nogil=True)
+def word_stats(
+    data: np.ndarray, offsets: np.ndarray, stop_words: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The words of each document of a batch (UTF-8 `data`, document d in bytes
+    `offsets[d]:offsets[d + 1]`): whitespace-separated tokens with a letter or a digit.
+
+    Returns `counts[d]` = (words, their characters, words with a letter, tokens equal to a stop
+    word once lower-cased (ASCII): `stop_words` holds their hashes), and, flat over the batch, each
+    word's hash and length in characters with the index of each document's first word: what
+    `repetition_counts` takes."""
+    docs = len(offsets) - 1
+    counts = np.zeros((docs, 4), dtype=np.int64)
+    hashes = np.empty(len(data) // 2 + 1, dtype=np.uint64)
+    lengths = np.empty(len(data) // 2 + 1, dtype=np.int64)
+    first = np.empty(docs, dtype=np.int64)
+    n = 0
+    for d in range(docs):
+        first[d] = n
+        i, end = offsets[d], offsets[d + 1]
+        in_token = False
+        h = np.uint64(0)
+        low = np.uint64(0)
+        chars = 0
+        alnum = False
+        letter = False
+        while i <= end:
+            if i < end:
+                b = data[i]
+                if b < 0x80:
+                    c, size = int(b), 1
+                elif b >= 0xF0 and i + 3 < end:
+                    c = (
+                        ((int(b) & 7) << 18)
+                        | ((int(data[i + 1]) & 63) << 12)
+                        | ((int(data[i + 2]) & 63) << 6)
+                        | (int(data[i + 3]) & 63)
+                    )
+                    size = 4
+                elif b >= 0xE0 and i + 2 < end:
+                    c = ((int(b) & 15) << 12) | ((int(data[i + 1]) & 63) << 6) | (int(data[i + 2]) & 63)
+                    size = 3
+                elif b >= 0xC0 and i + 1 < end:
+                    c, size = ((int(b) & 31) << 6) | (int(data[i + 1]) & 63), 2
+                else:
+                    c, size = 0xFFFD, 1  # not UTF-8 here: a letter, as Python's replacement char is
+                kind = _kind(c)
+            else:
+                kind, size = 0, 1  # the end closes the last token
+            if kind != 0:
+                if not in_token:
+                    in_token, h, low, chars, alnum, letter = (
+                        True,
+                        np.uint64(0xCBF29CE484222325),
+                        np.uint64(0xCBF29CE484222325),
+                        0,
+                        False,
+                        False,
+                    )
+                for j in range(size):
+                    byte = np.uint64(data[i + j])
+                    h = (h ^ byte) * np.uint64(0x100000001B3)
+                    lower = byte + np.uint64(32) if np.uint64(65) <= byte <= np.uint64(90) else byte
+                    low = (low ^ lower) * np.uint64(0x100000001B3)
+                chars += 1
+                alnum = alnum or kind >= 2
+                letter = letter or kind == 3
+            elif in_token:
+                in_token = False
+                for s in range(len(stop_words)):
+                    if stop_words[s] == low:
+                        counts[d, 3] += 1
+                        break
+                if alnum:
+                    counts[d, 0] += 1
+                    counts[d, 1] += chars
+                    if letter:
+                        counts[d, 2] += 1
+                    hashes[n] = _mix(h)
+                    lengths[n] = chars
+                    n += 1
+            i += size
+    return counts, hashes[:n], lengths[:n], first

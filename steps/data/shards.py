@@ -26,7 +26,9 @@ __all__ = [
     "ShardError",
     "is_shard",
     "jsonl_lines",
+    "numbered_records",
     "parse_record",
+    "record_text",
     "shard_records",
     "shard_texts",
     "split_compression",
@@ -79,6 +81,16 @@ def shard_records(path: str) -> Iterator[Any]:
         yield record
 
 
+def numbered_records(path: str) -> Iterator[tuple[int, Any]]:
+    """`shard_records` with each record's line number (a parquet row's number, from 1), for
+    errors that name it (`record_text`)."""
+    base, _ = split_compression(path)
+    if base.endswith(".parquet"):
+        yield from enumerate(shard_records(path), 1)
+        return
+    yield from _json_lines(path)
+
+
 def _json_texts(path: str, text_field: str) -> Iterator[str]:
     """The text of every record of a jsonl shard: what `_json_lines` gives, read faster.
 
@@ -95,7 +107,7 @@ def _json_texts(path: str, text_field: str) -> Iterator[str]:
                 line.decode("utf-8")
             text = decode(line).text
         except (msgspec.DecodeError, UnicodeDecodeError):  # ValidationError included
-            yield _record_text(path, number, parse_record(path, number, line), text_field)
+            yield record_text(path, number, parse_record(path, number, line), text_field)
         else:
             yield text
 
@@ -106,7 +118,8 @@ def _text_decoder(text_field: str) -> Callable[[bytes], Any]:
     return msgspec.json.Decoder(record).decode
 
 
-def _record_text(path: str, number: int, record: Any, text_field: str) -> str:
+def record_text(path: str, number: int, record: Any, text_field: str) -> str:
+    """The text of `record` (line or row `number` of `path`), or a `ShardError` naming both."""
     text = record.get(text_field) if isinstance(record, dict) else None
     if not isinstance(text, str):
         found = sorted(record) if isinstance(record, dict) else type(record).__name__

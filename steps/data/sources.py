@@ -450,11 +450,13 @@ def read_files(
     root: str | None,
     accept: Callable[[str], bool],
     what: str,
+    kind: str = "a jsonl or parquet file (optionally .gz or .zst)",
 ) -> list[tuple[str, str, str]]:
     """(path, key, source) of every file a step reads from `specs`, in order, within the datasets'
     cross-region budgets. `source` names the input (a dataset's name, a path as declared) for
     per-source stats; `key` is the file's location-independent name (relative to an upstream
-    output). A file `accept` refuses (matched by a glob or named directly) is an `InputError`."""
+    output). A file `accept` refuses (matched by a glob or named directly) is an `InputError`
+    saying it is not `kind`."""
     out = []
     for spec, identity in zip(specs, _identities(specs, identities), strict=True):
         source = spec.name if isinstance(spec, RawDataset) else str(spec if identity is None else identity)
@@ -464,8 +466,6 @@ def read_files(
             raise InputError(f"{what}: {e}") from e
         for path, key, _info in found:
             if not accept(path):
-                raise InputError(
-                    f"{what} file {path!r}: not a jsonl or parquet file (optionally .gz or .zst)"
-                )
+                raise InputError(f"{what} file {path!r}: not {kind}")
             out.append((path, key, source))
     return out
