@@ -30,6 +30,9 @@ touching the step library, and a newcomer has one page to read:
                          `METRICS_DIR` (segments on object storage), `ALIASES`, `parse_metrics`,
                          `parse_events`, `read_metrics_data`, `metrics_files`, `segment_name`,
                          `segment_index`, `branch_event`
+    evidence             a curation step's record of what it removed and why (`EVIDENCE_DIR`),
+                         of what it kept (`KEPT_DIR`, `KEPT_SAMPLE`), one line each by
+                         `evidence_line`: what `drydock data` and the dashboard read
 
 docs/architecture.md, "The step library", says how to add a step kind with these.
 """
@@ -37,6 +40,7 @@ docs/architecture.md, "The step library", says how to add a step kind with these
 from __future__ import annotations
 
 from pipeline.errors import StepCancelled, StepPreempted, StepStopped
+from pipeline.observe.evidence import EVIDENCE_DIR, EXCERPT_CHARS, KEPT_DIR, KEPT_SAMPLE, evidence_line
 from pipeline.observe.metrics import (
     ALIASES,
     METRICS_DIR,
@@ -60,6 +64,10 @@ from pipeline.storage.opening import open_storage
 
 __all__ = [
     "ALIASES",
+    "EVIDENCE_DIR",
+    "EXCERPT_CHARS",
+    "KEPT_DIR",
+    "KEPT_SAMPLE",
     "METRICS_DIR",
     "METRICS_FILE",
     "LeaseExpired",
@@ -71,6 +79,7 @@ __all__ = [
     "cache_dir",
     "check_lease",
     "current_gang",
+    "evidence_line",
     "lease_guard",
     "metrics_files",
     "open_storage",

@@ -6,6 +6,7 @@
     drydock rerun MANIFEST [options]  rebuild a run's DAG from its manifest alone and run it
     drydock dag FILE [--format F]     the DAG as Mermaid, DOT, SVG or one HTML page
     drydock explain FILE STEP         why STEP's identity is what it is
+    drydock data FILE STEP            what a curation step removed and why, with samples
     drydock compare RUN [RUN ...]     runs side by side: the fields that differ, the metrics
     drydock gc [--prefix P] ...       list (and delete) step outputs no kept manifest references
     drydock pin PATH|LABEL            protect a step output from `drydock gc`
@@ -83,6 +84,14 @@ COMMANDS: tuple[Command, ...] = (
         "explain_command",
         "drydock explain FILE|MANIFEST STEP [options]",
         "say what STEP's identity is made of, and what differs in its other runs under the prefix",
+    ),
+    Command(
+        "data",
+        "pipeline.cli.look",
+        "data_command",
+        "drydock data FILE|MANIFEST STEP [--samples N] [--reason R] [--json] [options]",
+        "what a curation step removed and why, per reason with sampled documents (text escaped,\n"
+        "long ones cut), beside documents it kept; --reason shows one reason's",
     ),
     Command(
         "compare",

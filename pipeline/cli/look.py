@@ -333,3 +333,61 @@ def _explain(target: str, argv: Sequence[str]) -> int:
         return 0
 
     return load(target, options, explain)
+
+
+# -- data -----------------------------------------------------------------------------------------
+
+
+def data_command(args: Sequence[str]) -> int:
+    """`drydock data FILE|MANIFEST STEP [--samples N] [--reason R] [--json] [options]`: what a
+    curation step removed and why, beside what it kept (`pipeline.observe.evidence`)."""
+    return needs_target("data", args) or guarded(_data, args[0], args[1:])
+
+
+def _data(target: str, argv: Sequence[str]) -> int:
+    from pipeline.observe.evidence import read_data_sample, render_data_sample
+
+    if not argv or argv[0].startswith("-"):
+        raise StepDeclarationError(None, "name the step to show: drydock data FILE STEP", field="STEP")
+    wanted = argv[0]
+    parser = Parser(prog="drydock data FILE STEP", add_help=False)
+    parser.add_argument("--samples", type=int, default=3)
+    parser.add_argument("--reason")
+    parser.add_argument("--json", action="store_true")
+    known, options = parser.parse_known_args(list(argv[1:]))
+    if known.samples < 0:
+        raise StepDeclarationError(
+            None, f"--samples must be 0 or more, got {known.samples}", field="--samples"
+        )
+
+    def show(source: _Source) -> int:
+        entry = next((e for e in source.entries if wanted in (e.label, e.name)), None)
+        if entry is None:
+            names = ", ".join(sorted({e.name for e in source.entries}))
+            raise StepDeclarationError(None, f"no step {wanted!r} in {target} (steps: {names})", field="STEP")
+        sample = read_data_sample(
+            source.store.storage,
+            entry.output_path,
+            per_reason=known.samples,
+            kept=known.samples,
+            reason=known.reason,
+        )
+        if sample is None:
+            raise StepDeclarationError(
+                None,
+                f"{entry.label} has no evidence of what it removed (not a curation step, or not run yet)",
+                field="STEP",
+            )
+        if known.reason is not None and known.reason not in sample.reasons:
+            raise StepDeclarationError(
+                None,
+                f"{entry.label} removed nothing for {known.reason!r} (reasons: {', '.join(sample.reasons)})",
+                field="--reason",
+            )
+        if known.json:
+            print(json.dumps({"step": entry.label, **sample.to_json()}, indent=1))
+        else:
+            print(render_data_sample(sample, entry.label), end="")
+        return 0
+
+    return _with_source(target, options, show)

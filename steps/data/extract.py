@@ -43,9 +43,17 @@ from typing import Any
 import fsspec
 
 from pipeline import OutputOf, Resources, Step, StepDeclarationError, step_function, this_output, versioned
-from pipeline.steplib import parallel_map, step_events
+from pipeline.steplib import (
+    EVIDENCE_DIR,
+    EXCERPT_CHARS,
+    KEPT_DIR,
+    KEPT_SAMPLE,
+    evidence_line,
+    parallel_map,
+    step_events,
+)
 from steps.data import filtering
-from steps.data.filtering import EXCERPT_CHARS, FilterError, Tally
+from steps.data.filtering import FilterError, Tally
 from steps.data.sources import InputError, RawDataset, raw_listing, read_files
 from steps.files import exists, read_json, write_file, write_json
 
@@ -278,7 +286,7 @@ def _extract_file(config: ExtractConfig, path: str, key: str) -> tuple[str, dict
     work = f"{config.output}/.work/{key}.json"
     if exists(work):
         return key, read_json(work)
-    tally, documents, evidence = Tally(), [], []
+    tally, documents, evidence, sample = Tally(), [], [], []
     pages = 0
     try:
         for page in read_pages(path):
@@ -286,28 +294,30 @@ def _extract_file(config: ExtractConfig, path: str, key: str) -> tuple[str, dict
             size = len(page.body)
             tally.seen(size)
             reason, detail, text = _judge_page(config, page)
+            record = {"id": page.id, "url": page.url, "date": page.date, "text": text}
             if reason is None:
-                documents.append(
-                    json.dumps(
-                        {"id": page.id, "url": page.url, "date": page.date, "text": text}, ensure_ascii=False
+                documents.append(json.dumps(record, ensure_ascii=False))
+                if len(sample) < KEPT_SAMPLE:
+                    sample.append(
+                        json.dumps(evidence_line(page.index, record, text, None), ensure_ascii=False)
                     )
-                )
                 continue
             tally.removed(reason, size)
-            excerpt = (
+            # The page's own bytes as its excerpt (what there was to extract from), text only.
+            shown = (
                 page.body[:EXCERPT_CHARS].decode("utf-8", "replace") if "text" in page.content_type else ""
             )
-            line = {"index": page.index, "id": page.id, "url": page.url, "reason": reason, "bytes": size}
-            evidence.append(json.dumps({**line, "detail": detail, "excerpt": excerpt}, ensure_ascii=False))
+            line = {**evidence_line(page.index, record, shown, reason, None, detail), "bytes": size}
+            evidence.append(json.dumps(line, ensure_ascii=False))
     except Exception as e:  # FastWARC's parse errors: the file is not a WARC
         raise FilterError(f"inputs file {path!r}: not a readable WARC file ({type(e).__name__}: {e})") from e
     if pages == 0:
         raise FilterError(f"inputs file {path!r}: no response records (is it a WARC file?)")
+    shard = _shard_name(key)
     data = "".join(d + "\n" for d in documents).encode()
-    write_file(f"{config.output}/data/{_shard_name(key)}", gzip.compress(data, mtime=0))
-    write_file(
-        f"{config.output}/removed/{_shard_name(key)}.jsonl", "".join(e + "\n" for e in evidence).encode()
-    )
+    write_file(f"{config.output}/data/{shard}", gzip.compress(data, mtime=0))
+    write_file(f"{config.output}/{EVIDENCE_DIR}/{shard}.jsonl", "".join(e + "\n" for e in evidence).encode())
+    write_file(f"{config.output}/{KEPT_DIR}/{shard}.jsonl", "".join(e + "\n" for e in sample).encode())
     counts = tally.to_json()
     write_json(work, counts, indent=None)  # last: the file is done
     return key, counts

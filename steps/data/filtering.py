@@ -11,8 +11,10 @@ processes), and writes:
                             (`steps.data.shards.write_kept`)
     removed/<key>.jsonl     one line per removed document: its index in the shard, id (when the
                             record has one), reason, score, details, bytes, and an excerpt of its
-                            text (`EXCERPT_CHARS`); what the data page, `drydock data` and the
-                            tests read instead of re-deriving a removal
+                            text (`pipeline.observe.evidence` has the format); what the data
+                            page, `drydock data` and the tests read instead of re-deriving a
+                            removal
+    kept/<key>.jsonl        the shard's first kept documents, in the same form (`KEPT_SAMPLE`)
     stats.json              documents and bytes in, kept and removed, per reason and per source,
                             and the step's parameters
 
@@ -30,23 +32,25 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.steplib import parallel_map, step_events
+from pipeline.steplib import (
+    EVIDENCE_DIR,
+    KEPT_DIR,
+    KEPT_SAMPLE,
+    evidence_line,
+    parallel_map,
+    step_events,
+)
 from steps.data.shards import ShardError, numbered_records, record_text, write_kept
 from steps.files import exists, read_json, write_file, write_json
 
 __all__ = [
-    "EXCERPT_CHARS",
     "FilterError",
     "Judge",
     "Removal",
     "Tally",
-    "evidence_line",
     "filter_shards",
     "read_evidence",
 ]
-
-EXCERPT_CHARS = 600
-"""Characters of a removed document's text kept in its evidence line."""
 
 BATCH = 512
 """Records handed to a judge at once (a classifier scores a batch faster than one by one)."""
@@ -113,28 +117,11 @@ class Tally:
         }
 
 
-def evidence_line(index: int, record: Any, text: str, removal: Removal) -> dict[str, Any]:
-    """One removed document's evidence (see the module docstring)."""
-    line: dict[str, Any] = {"index": index}
-    if isinstance(record, dict) and isinstance(record.get("id"), str | int):
-        line["id"] = record["id"]
-    if isinstance(record, dict) and isinstance(record.get("url"), str):
-        line["url"] = record["url"]
-    line["reason"] = removal.reason
-    if removal.score is not None:
-        line["score"] = round(float(removal.score), 6)
-    if removal.detail:
-        line["detail"] = dict(removal.detail)
-    line["bytes"] = len(text.encode("utf-8"))
-    line["excerpt"] = text[:EXCERPT_CHARS]
-    return line
-
-
 def read_evidence(output: str) -> Iterator[dict[str, Any]]:
     """Every evidence line of a filter step's output, each with its shard's key as "file"."""
     import fsspec
 
-    fs, plain = fsspec.core.url_to_fs(f"{output}/removed")
+    fs, plain = fsspec.core.url_to_fs(f"{output}/{EVIDENCE_DIR}")
     if not fs.exists(plain):
         return
     for path in sorted(fs.find(plain)):
@@ -209,7 +196,7 @@ def _filter_shard(
     work = f"{output}/.work/{key}.json"
     if exists(work):
         return key, read_json(work)
-    tally, keep, lines = Tally(), [], []
+    tally, keep, lines, sample = Tally(), [], [], []
     batch: list[tuple[Any, str]] = []
 
     def judge_batch() -> None:
@@ -221,7 +208,10 @@ def _filter_shard(
             tally.seen(size)
             if verdict is not None:
                 tally.removed(verdict.reason, size)
-                lines.append(json.dumps(evidence_line(len(keep), record, text, verdict), ensure_ascii=False))
+                line = evidence_line(len(keep), record, text, verdict.reason, verdict.score, verdict.detail)
+                lines.append(json.dumps(line, ensure_ascii=False))
+            elif len(sample) < KEPT_SAMPLE:
+                sample.append(json.dumps(evidence_line(len(keep), record, text, None), ensure_ascii=False))
             keep.append(verdict is None)
         batch.clear()
 
@@ -235,7 +225,8 @@ def _filter_shard(
     except ShardError as e:  # the input is not what the step was declared with: name the line
         raise FilterError(str(e)) from e
     write_kept(path, f"{output}/data/{key}", keep)
-    write_file(f"{output}/removed/{key}.jsonl", "".join(line + "\n" for line in lines).encode())
+    write_file(f"{output}/{EVIDENCE_DIR}/{key}.jsonl", "".join(line + "\n" for line in lines).encode())
+    write_file(f"{output}/{KEPT_DIR}/{key}.jsonl", "".join(line + "\n" for line in sample).encode())
     counts = tally.to_json()
     write_json(work, counts, indent=None)  # last: the shard is done
     return key, counts

@@ -266,6 +266,14 @@ def create_app(prefix: str, allowed_hosts: Sequence[str] = ()) -> FastAPI:
             return error_page(request, 404, str(e))
         return Response(png, media_type="image/png", headers={"X-Content-Type-Options": "nosniff"})
 
+    @app.get("/steps/{label:path}/data", response_class=HTMLResponse)
+    def step_data_page(request: Request, label: str, reason: str | None = None) -> HTMLResponse:
+        try:
+            sample = step_data.read_data(storage, prefix, label, reason, DATA_SAMPLES)
+        except data.NotFound as e:
+            return error_page(request, 404, str(e))
+        return page(request, "data.html", label=label, sample=sample, reason=reason, samples=DATA_SAMPLES)
+
     @app.get("/steps/{label:path}", response_class=HTMLResponse)
     def step(request: Request, label: str, experiment: str | None = None) -> HTMLResponse:
         try:
@@ -295,6 +303,10 @@ def _templates(app: FastAPI, prefix: str) -> Jinja2Templates:
     # Links are paths, not absolute URLs: they keep working through an SSH tunnel or a proxy.
     env.globals.update(prefix=prefix, state_color=_badge_color, path_for=app.url_path_for)
     return templates
+
+
+DATA_SAMPLES = 10
+"""Documents shown per reason on a step's data page."""
 
 
 def _step_context(storage: Storage, prefix: str, detail: data.StepDetail) -> dict[str, Any]:
@@ -344,6 +356,7 @@ def _step_context(storage: Storage, prefix: str, detail: data.StepDetail) -> dic
         "hyperparameters": _hyperparameters(info),
         "inputs": _inputs(info, prefix),
         "figures": step_data.figures_of(detail.files),
+        "has_data": step_data.has_data(storage, prefix, detail.label),
         "failure": _failure(detail),
         "refresh": REFRESH_SECONDS if detail.state == "RUNNING" and not detail.stale else None,
     }

@@ -20,6 +20,7 @@ from pipeline.observe.dashboard.records import (
     Metrics,
     StepDetail,
 )
+from pipeline.observe.evidence import EVIDENCE_DIR, DataSample, read_data_sample
 from pipeline.observe.live import runner_gone
 from pipeline.observe.metrics import METRICS_DIR, METRICS_FILE
 from pipeline.processes import host_id
@@ -33,7 +34,9 @@ __all__ = [
     "MAX_CHART_POINTS",
     "MAX_LOG_BYTES",
     "RESULTS_FILE",
+    "has_data",
     "read_curve",
+    "read_data",
     "read_log",
     "read_metrics",
     "read_results",
@@ -59,6 +62,23 @@ def _check_label(storage: Storage, prefix: str, label: str) -> str:
     if not storage.listdir(directory):
         raise NotFound(f"step {label} has no directory under {prefix}")
     return directory
+
+
+def read_data(storage: Storage, prefix: str, label: str, reason: str | None, samples: int) -> DataSample:
+    """What the curation step `label` removed and why, beside what it kept
+    (`pipeline.observe.evidence`); `NotFound` if it wrote no evidence."""
+    directory = _check_label(storage, prefix, label)
+    sample = read_data_sample(storage, directory, per_reason=samples, kept=samples, reason=reason)
+    if sample is None:
+        raise NotFound(f"step {label} has no evidence of what it removed (not a curation step, or not run)")
+    if reason is not None and reason not in sample.reasons:
+        raise NotFound(f"step {label} removed nothing for {reason!r}")
+    return sample
+
+
+def has_data(storage: Storage, prefix: str, label: str) -> bool:
+    """Whether the step wrote evidence of what it removed (the step page links its data page)."""
+    return bool(storage.listdir(f"{step_dir(prefix, label)}/{EVIDENCE_DIR}"))
 
 
 def read_metrics(storage: Storage, directory: str) -> Metrics | None:

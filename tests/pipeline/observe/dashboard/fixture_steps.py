@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pipeline import step_function
 from pipeline.run import step_events
 from pipeline.run.pulse import pulse
+from pipeline.steplib import EVIDENCE_DIR, KEPT_DIR, evidence_line
 from steps.scaling.prediction import Curve
 
 
@@ -23,12 +24,48 @@ class CorpusConfig:
     documents: int = 3
 
 
+REMOVED = [
+    # (reason, text, score, detail): what a curation step's evidence holds, in its format
+    ("too_short", "<script>alert('x')</script> hi", 4.0, {"threshold": 50}),
+    (
+        "duplicate",
+        "document 0",
+        1.0,
+        {"duplicate_of": {"file": "docs.jsonl", "index": 0, "excerpt": "DOC 0"}},
+    ),
+    ("language", "\x1b[31mrot\x1b[0m ist eine Farbe", 0.99, {"language": "de"}),
+    ("too_short", "ok", 1.0, {"threshold": 50}),
+]
+
+
 @step_function
 def write_corpus(config: CorpusConfig) -> None:
+    """The corpus, as a curation step would leave it: the documents kept, and the evidence of
+    the ones it removed and of those it kept (`pipeline.observe.evidence`)."""
     os.makedirs(config.output, exist_ok=True)
+    kept = [{"id": f"doc-{i}", "text": f"document {i}"} for i in range(config.documents)]
     with open(os.path.join(config.output, "docs.jsonl"), "w") as f:
-        for i in range(config.documents):
-            f.write(json.dumps({"text": f"document {i}"}) + "\n")
+        for record in kept:
+            f.write(json.dumps(record) + "\n")
+    os.makedirs(os.path.join(config.output, EVIDENCE_DIR), exist_ok=True)
+    os.makedirs(os.path.join(config.output, KEPT_DIR), exist_ok=True)
+    # Per input shard, named for it: the shard here is docs.jsonl.
+    with open(os.path.join(config.output, EVIDENCE_DIR, "docs.jsonl.jsonl"), "w") as f:
+        for index, (reason, text, score, detail) in enumerate(REMOVED, config.documents):
+            line = evidence_line(index, {"id": f"doc-{index}"}, text, reason, score, detail)
+            f.write(json.dumps(line) + "\n")
+    with open(os.path.join(config.output, KEPT_DIR, "docs.jsonl.jsonl"), "w") as f:
+        for index, record in enumerate(kept):
+            f.write(json.dumps(evidence_line(index, record, record["text"], None)) + "\n")
+    reasons: dict[str, dict[str, int]] = {}
+    for reason, text, _score, _detail in REMOVED:
+        into = reasons.setdefault(reason, {"documents": 0, "bytes": 0})
+        into["documents"] += 1
+        into["bytes"] += len(text.encode())
+    total_in = len(kept) + len(REMOVED)
+    with open(os.path.join(config.output, "stats.json"), "w") as f:
+        total = {"documents_in": total_in, "documents_kept": len(kept), "reasons": reasons}
+        json.dump({"total": total}, f)
 
 
 @dataclass(frozen=True)

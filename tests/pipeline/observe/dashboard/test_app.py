@@ -424,3 +424,25 @@ def test_a_steps_figures_are_shown_on_its_page_and_served_as_png_only(dashboard,
     finally:
         for name in written:
             os.unlink(os.path.join(step_dir, name))
+
+
+def test_a_curation_steps_data_page_shows_each_reason_with_its_documents_escaped(dashboard, runs):
+    label = runs.label(runs.demo, "data/corpus")
+    assert 'id="data-page"' in get(dashboard, f"/steps/{label}").text  # the step page links it
+    page = get(dashboard, f"/steps/{label}/data")
+    assert page.status_code == 200
+    html = page.text
+    assert "3 of 7 documents kept" in html
+    reasons = html[html.index('id="reasons"') : html.index("</table>", html.index('id="reasons"'))]
+    assert reasons.index("too_short") < reasons.index("duplicate")  # the largest reason first
+    # The documents are text, never markup: a crawled page's script stays inert.
+    assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt; hi" in html and "<script>alert" not in html
+    # A duplicate beside the document kept for it.
+    assert '<div class="pair">' in html and "DOC 0" in html and "docs.jsonl #0" in html
+    assert 'id="kept"' in html and "doc-2" in html
+    one = get(dashboard, f"/steps/{label}/data?reason=language").text
+    assert 'data-reason="language"' in one and 'data-reason="too_short"' not in one and 'id="kept"' not in one
+    assert get(dashboard, f"/steps/{label}/data?reason=nothing").status_code == 404
+    train = runs.label(runs.demo, "train/tiny")
+    assert get(dashboard, f"/steps/{train}/data").status_code == 404  # no evidence: not curation
+    assert 'id="data-page"' not in get(dashboard, f"/steps/{train}").text

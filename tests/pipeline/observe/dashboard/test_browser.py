@@ -184,6 +184,30 @@ def test_dashboard_in_a_browser(dashboard, runs, page, tmp_path):
     assert "loss became NaN at step 3" in page.locator("#alert-table").inner_text()
 
 
+def test_a_curation_steps_data_page_in_a_browser(dashboard, runs, page, tmp_path):
+    """From the step page to what the step removed and why; one reason at a time."""
+    label = runs.label(runs.demo, "data/corpus")
+    page.goto(f"{dashboard.url}steps/{label}")
+    page.locator("#data-page").click()
+    page.wait_for_url(f"**/steps/{label}/data")
+    rows = page.locator("#reasons tbody tr")
+    assert [rows.nth(i).locator("td").first.inner_text() for i in range(rows.count())] == [
+        "too_short",
+        "duplicate",
+        "language",
+    ]
+    # The crawled text is shown as text: the script is on the page as characters, and never ran.
+    assert "<script>alert('x')</script> hi" in page.locator('section[data-reason="too_short"]').inner_text()
+    pair = page.locator('section[data-reason="duplicate"] .pair')
+    assert "document 0" in pair.inner_text() and "DOC 0" in pair.inner_text()
+    page.screenshot(path=str(tmp_path / "data.png"), full_page=True)
+    if UPDATE_DOCS:
+        page.screenshot(path=os.path.join(DOCS_IMAGES, "dashboard-data.png"))
+    page.locator("#reasons").get_by_role("link", name="language").click()
+    assert page.locator("section.reason").count() == 1
+    assert "ist eine Farbe" in page.locator('section[data-reason="language"]').inner_text()
+
+
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
     """A prefix with two runs of a small sweep (two trainings, their evaluations and task scores)."""
