@@ -38,6 +38,7 @@ sys.path[:] = [p for p in sys.path if p not in ("", __file__.rsplit("/", 1)[0])]
 import argparse
 import json
 import os
+import posixpath
 import random
 import resource
 import shutil
@@ -101,15 +102,10 @@ def plant(texts: list[str], workdir: Path, count: int) -> set[tuple[str, int]]:
 
 
 def removed_by_drydock(inputs: Path, output: Path) -> set[tuple[str, int]]:
-    """(file, index) of every input record missing from the step's kept output."""
-    from steps.data.dedupe import removed_indices
+    """(file, index) of every input record the step's evidence says it removed."""
+    from steps.data.filtering import read_evidence
 
-    kept_files = {p.name: p for p in output.glob("data/**/*.jsonl")}
-    return {
-        (path.name, i)
-        for path in sorted(inputs.glob("*.jsonl"))
-        for i in removed_indices(str(path), str(kept_files[path.name]))
-    }
+    return {(posixpath.basename(e["file"]), e["index"]) for e in read_evidence(str(output))}
 
 
 def peak_rss_mb() -> float:

@@ -19,8 +19,10 @@ Output:
     data/<source>/<file>     the kept records, in the input's format (see steps/data/shards.py)
     stats.json               per source: documents, words and bytes in, removed and out; the
                              evaluation items matched, per evaluation file
-    removed.jsonl            every removed document: its file and index, and the evaluation items
-                             (file, index) and the first n-gram that matched
+    removed/<file>.jsonl     every removed document of the shard (reason `contamination`): its
+                             index, the evaluation items (file, index) it matched and the first
+                             n-gram shared, an excerpt (`pipeline.observe.evidence`)
+    kept/<file>.jsonl        the shard's first kept documents
 
 "Words" are the whitespace-separated words of the normalized text: the step has no tokenizer.
 """
@@ -39,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from pipeline import OutputOf, Resources, Step, StepDeclarationError, step_function, this_output, versioned
-from pipeline.steplib import parallel_map, step_events
+from pipeline.steplib import EVIDENCE_DIR, KEPT_DIR, KEPT_SAMPLE, evidence_line, parallel_map, step_events
 from steps.data.minhash import BATCH_BYTES, ngram_hashes
 from steps.data.shards import ShardError, is_shard, shard_records, shard_texts, write_kept
 from steps.data.sources import (
@@ -195,7 +197,7 @@ def decontaminate(config: DecontaminateConfig) -> None:
             if specific:
                 removed[key].append({**hit, "matched": sorted({tuple(index[h]) for h in specific})})
     write_args = [
-        (path, f"{config.output}/data/{key}", scans[key]["documents"], [r["index"] for r in removed[key]])
+        (config, path, key, scans[key]["documents"], _removals(removed[key], eval_files))
         for path, key, _source in shards
     ]
     for done, _ in enumerate(parallel_map(_write_shard, write_args, max_workers=config.num_workers), 1):
@@ -306,9 +308,32 @@ def _scan(
     return result
 
 
-def _write_shard(src: str, dst: str, documents: int, removed: list[int]) -> None:
-    gone = set(removed)
-    write_kept(src, dst, [i not in gone for i in range(documents)])
+def _removals(removed: list[dict[str, Any]], eval_files: list[str]) -> dict[int, dict[str, Any]]:
+    """A shard's removed documents by index: the evaluation items each matched, and the n-gram."""
+    return {
+        r["index"]: {
+            "matched": [{"file": eval_files[f], "index": item} for f, item in r["matched"]],
+            "ngram": r["ngram"],
+        }
+        for r in removed
+    }
+
+
+def _write_shard(
+    config: DecontaminateConfig, src: str, key: str, documents: int, removed: dict[int, dict[str, Any]]
+) -> None:
+    """The shard's kept records, and its evidence (`pipeline.observe.evidence`): each removed
+    document with the evaluation items it matched and the first n-gram shared."""
+    write_kept(src, f"{config.output}/data/{key}", [i not in removed for i in range(documents)])
+    lines, sample = [], []
+    for i, text in enumerate(shard_texts(src, config.text_field)):
+        if i in removed:
+            line = evidence_line(i, None, text, "contamination", None, removed[i])
+            lines.append(json.dumps(line, ensure_ascii=False))
+        elif len(sample) < KEPT_SAMPLE:
+            sample.append(json.dumps(evidence_line(i, None, text, None), ensure_ascii=False))
+    write_file(f"{config.output}/{EVIDENCE_DIR}/{key}.jsonl", "".join(x + "\n" for x in lines).encode())
+    write_file(f"{config.output}/{KEPT_DIR}/{key}.jsonl", "".join(x + "\n" for x in sample).encode())
 
 
 def _write_outputs(
@@ -323,7 +348,6 @@ def _write_outputs(
 ) -> None:
     sources: dict[str, dict[str, int]] = {}
     matched: dict[str, set[int]] = {}
-    lines = []
     for _path, key, source in shards:
         into = sources.setdefault(source, {})
         for unit in ("documents", "words", "bytes"):
@@ -331,18 +355,20 @@ def _write_outputs(
             into[f"{unit}_in"] = into.get(f"{unit}_in", 0) + scans[key][unit]
             into[f"{unit}_removed"] = into.get(f"{unit}_removed", 0) + gone
         for r in removed[key]:
-            items = [{"file": eval_files[f], "index": item} for f, item in r["matched"]]
             for f, item in r["matched"]:
                 matched.setdefault(eval_files[f], set()).add(item)
-            lines.append(
-                json.dumps({"file": key, "index": r["index"], "matched": items, "ngram": r["ngram"]})
-            )
     for into in sources.values():
         for unit in ("documents", "words", "bytes"):
             into[f"{unit}_out"] = into[f"{unit}_in"] - into[f"{unit}_removed"]
     total = {k: sum(s[k] for s in sources.values()) for k in next(iter(sources.values()))}
     total["evaluation_items_matched"] = sum(len(v) for v in matched.values())
-    write_file(f"{config.output}/removed.jsonl", "".join(line + "\n" for line in lines).encode())
+    # As every curation step counts its removals (`pipeline.observe.evidence`): one reason here.
+    total["documents_kept"] = total["documents_out"]
+    total["reasons"] = (
+        {"contamination": {"documents": total["documents_removed"], "bytes": total["bytes_removed"]}}
+        if total["documents_removed"]
+        else {}
+    )
     parameters = {"ngram": config.ngram, "max_matches": config.max_matches, "text_field": config.text_field}
     write_json(
         f"{config.output}/stats.json",

@@ -24,7 +24,8 @@ Three passes:
    `grouping="first_match"` is the pass as first written (`steps.data.dedupe_first_match`): in the
    step's process, each document against the documents kept before it.
 3. **Kept documents, per shard** (fanned out, resumable): each shard's kept records are
-   written to `data/<name>` in the input's format and compression, byte for byte.
+   written to `data/<name>` in the input's format and compression, byte for byte, beside the
+   evidence of what it lost.
 
 Output:
 
@@ -32,6 +33,11 @@ Output:
                              name (steps.data.sources), so `output_of(step, "data")` reads them all
     stats.json               documents and bytes in and out per source, exact and near duplicates,
                              clusters, the parameters
+    removed/<file>.jsonl     every removed document of the shard: `exact_duplicate` or
+                             `near_duplicate`, the document kept for it (`duplicate_of`: file and
+                             index), and for the first `TWIN_SAMPLE` of each shard the kept one's
+                             excerpt and the estimated similarity (`pipeline.observe.evidence`)
+    kept/<file>.jsonl        the shard's first kept documents
     removed_pairs.jsonl      a sample of removed documents beside the one each duplicates
     .work/                   per-shard signatures and per-band-part pairs (kept: a rerun with
                              --force recomputes them)
@@ -64,7 +70,15 @@ from pipeline import (
     this_output,
     versioned,
 )
-from pipeline.steplib import parallel_map, step_events
+from pipeline.steplib import (
+    EVIDENCE_DIR,
+    EXCERPT_CHARS,
+    KEPT_DIR,
+    KEPT_SAMPLE,
+    evidence_line,
+    parallel_map,
+    step_events,
+)
 from steps.data.dedupe_bands import (
     Removed,
     lsh_bands,
@@ -86,6 +100,9 @@ from steps.training.estimates import readable_bytes
 __all__ = ["DedupeConfig", "DedupeError", "dedupe", "dedupe_step", "normalize", "removed_indices"]
 
 MINHASH = ("one_permutation", "datasketch")
+TWIN_SAMPLE = 20
+"""Removed documents per shard whose evidence carries the kept document's excerpt and the
+estimated similarity (every one names the kept document)."""
 GROUPING = ("components", "first_match")
 
 
@@ -302,7 +319,10 @@ def dedupe(config: DedupeConfig) -> None:
         removed = Removed.of(order, *first_match_pass(order, signatures, **flags), sample=config.sample_pairs)
     else:
         removed = components_pass(config, order, [int(signatures[key]["documents"]) for key in order])
-    write_args = [(config, path, key, removed.indices[key]) for path, key, _source in shards]
+    write_args = [
+        (config, path, key, removed.indices[key], removed.exact[key], removed.twins[key], shards)
+        for path, key, _source in shards
+    ]
     tallies = {}
     for done, (key, tally) in enumerate(
         parallel_map(_write_shard, write_args, max_workers=config.num_workers), 1
@@ -345,15 +365,91 @@ def _shards(config: DedupeConfig) -> list[tuple[str, str, str]]:
     return out
 
 
-def _write_shard(config: DedupeConfig, src: str, key: str, removed: np.ndarray) -> tuple[str, dict[str, int]]:
-    """Write the shard's kept records; its documents and bytes in and kept."""
+def _write_shard(
+    config: DedupeConfig,
+    src: str,
+    key: str,
+    removed: np.ndarray,
+    exact: np.ndarray,
+    twins: tuple[np.ndarray, np.ndarray],
+    shards: list[tuple[str, str, str]],
+) -> tuple[str, dict[str, Any]]:
+    """Write the shard's kept records and its evidence; its documents and bytes in and kept, and
+    its removals per reason."""
     with np.load(io.BytesIO(read_bytes(work_path(config, key)))) as data:
         sizes = data["bytes"]
     keep = np.ones(len(sizes), dtype=bool)
     keep[removed] = False
     write_kept(src, f"{config.output}/data/{key}", keep.tolist())
+    lines, sample, reasons = _evidence(config, src, key, removed, exact, twins, shards)
+    write_file(f"{config.output}/{EVIDENCE_DIR}/{key}.jsonl", "".join(line + "\n" for line in lines).encode())
+    write_file(f"{config.output}/{KEPT_DIR}/{key}.jsonl", "".join(line + "\n" for line in sample).encode())
     tally = {"documents_in": len(sizes), "documents_out": int(keep.sum()), "bytes_in": int(sizes.sum())}
-    return key, {**tally, "bytes_out": int(sizes[keep].sum())}
+    return key, {**tally, "bytes_out": int(sizes[keep].sum()), "reasons": reasons}
+
+
+def _evidence(
+    config: DedupeConfig,
+    src: str,
+    key: str,
+    removed: np.ndarray,
+    exact: np.ndarray,
+    twins: tuple[np.ndarray, np.ndarray],
+    shards: list[tuple[str, str, str]],
+) -> tuple[list[str], list[str], dict[str, dict[str, int]]]:
+    """The shard's evidence lines (`pipeline.observe.evidence`), its kept sample, and its removals
+    per reason. Every removed document names the document kept for it; the first `TWIN_SAMPLE`
+    also carry its excerpt and, for a near duplicate, the estimated similarity (the share of equal
+    MinHash values): that costs reading the kept documents' shards, so it is done for what the
+    views show, not for every removal."""
+    gone = {int(i): j for j, i in enumerate(removed.tolist())}
+    texts: dict[int, str] = {}
+    sample: list[str] = []
+    for i, text in enumerate(shard_texts(src, config.text_field)):
+        if i in gone:
+            texts[i] = text
+        elif len(sample) < KEPT_SAMPLE:
+            sample.append(json.dumps(evidence_line(i, None, text, None), ensure_ascii=False))
+    twin_shard, twin_index = twins
+    shown = min(TWIN_SAMPLE, len(removed))
+    wanted: dict[int, set[int]] = {}
+    for j in range(shown):
+        wanted.setdefault(int(twin_shard[j]), set()).add(int(twin_index[j]))
+    twin_texts: dict[tuple[int, int], str] = {}
+    for shard, indices in wanted.items():
+        last = max(indices)
+        for i, text in enumerate(shard_texts(shards[shard][0], config.text_field)):
+            if i in indices:
+                twin_texts[(shard, i)] = text[:EXCERPT_CHARS]
+            if i >= last:
+                break
+    signatures: dict[str, np.ndarray] = {}
+
+    def signature(shard_key: str, index: int) -> np.ndarray | None:
+        if shard_key not in signatures:
+            with np.load(io.BytesIO(read_bytes(work_path(config, shard_key)))) as data:
+                signatures[shard_key] = data["minhash"] if "minhash" in data else np.zeros((0, 0))
+        rows = signatures[shard_key]
+        return rows[index] if index < len(rows) and rows.shape[1] else None
+
+    lines: list[str] = []
+    reasons: dict[str, dict[str, int]] = {}
+    for j, index in enumerate(removed.tolist()):
+        shard, twin = int(twin_shard[j]), int(twin_index[j])
+        reason = "exact_duplicate" if exact[j] else "near_duplicate"
+        detail: dict[str, Any] = {"duplicate_of": {"file": shards[shard][1], "index": twin}}
+        score: float | None = 1.0 if exact[j] else None
+        if j < shown:
+            detail["duplicate_of"]["excerpt"] = twin_texts.get((shard, twin), "")
+            if not exact[j]:
+                a, b = signature(key, index), signature(shards[shard][1], twin)
+                score = None if a is None or b is None else round(float(np.mean(a == b)), 4)
+        line = evidence_line(index, None, texts[index], reason, score, detail)
+        into = reasons.setdefault(reason, {"documents": 0, "bytes": 0})
+        into["documents"] += 1
+        into["bytes"] += line["bytes"]
+        lines.append(json.dumps(line, ensure_ascii=False))
+    return lines, sample, reasons
 
 
 def _write_pairs(
@@ -391,9 +487,16 @@ def _write_stats(
     seconds: float,
 ) -> None:
     sources: dict[str, dict[str, int]] = {}
+    reasons: dict[str, dict[str, int]] = {}
     for _path, key, source in shards:
         s = sources.setdefault(source, dict.fromkeys(_TALLIES, 0))
         for name, value in tallies[key].items():
+            if name == "reasons":
+                for reason, counts in value.items():
+                    into = reasons.setdefault(reason, {"documents": 0, "bytes": 0})
+                    into["documents"] += counts["documents"]
+                    into["bytes"] += counts["bytes"]
+                continue
             s[name] += value
         exact = int(removed.exact[key].sum())
         s["exact_removed"] += exact
@@ -412,7 +515,7 @@ def _write_stats(
                 "grouping": config.grouping,
                 "text_field": config.text_field,
             },
-            "total": {**total, "clusters": removed.clusters},
+            "total": {**total, "clusters": removed.clusters, "reasons": dict(sorted(reasons.items()))},
             "sources": sources,
             "files": {key: tallies[key]["documents_out"] for _p, key, _s in shards},
             "seconds": round(seconds, 3),

@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import io
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -168,6 +168,9 @@ class Removed:
     exact: dict[str, np.ndarray]
     sample: list[dict[str, Any]]
     clusters: int
+    twins: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    """Per shard, for each removed document (as `indices`), the document kept for it: its shard's
+    place in the pass's order and its index there."""
 
     @classmethod
     def of(
@@ -181,9 +184,18 @@ class Removed:
     ) -> Removed:
         """From keep flags and a list of removed documents (the first-match pass's form)."""
         kinds = {r["doc"]: r["kind"] == "exact" for r in removed}
+        kept_for = {r["doc"]: r["of"] for r in removed}
+        place = {key: k for k, key in enumerate(order)}
         indices = {key: np.flatnonzero(~keep[key]) for key in order}
         exact = {key: np.array([kinds[(key, i)] for i in indices[key].tolist()], dtype=bool) for key in order}
-        return cls(indices, exact, removed[:sample], clusters)
+        twins = {}
+        for key in order:
+            of = [kept_for[(key, i)] for i in indices[key].tolist()]
+            twins[key] = (
+                np.array([place[k] for k, _ in of], dtype=np.int64),
+                np.array([i for _, i in of], dtype=np.int64),
+            )
+        return cls(indices, exact, removed[:sample], clusters, twins)
 
 
 def merge(grouped: tuple[np.ndarray, np.ndarray], pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -214,6 +226,9 @@ def removals(
     shard = np.searchsorted(offsets, doc, side="right") - 1
     indices = {key: doc[shard == k] - offsets[k] for k, key in enumerate(order)}
     exact = {key: is_exact[shard == k] for k, key in enumerate(order)}
+    twin_shard = np.searchsorted(offsets, of, side="right") - 1
+    twin_index = of - offsets[twin_shard]
+    twins = {key: (twin_shard[shard == k], twin_index[shard == k]) for k, key in enumerate(order)}
 
     def where(index: int) -> tuple[str, int]:
         k = int(np.searchsorted(offsets, index, side="right")) - 1
@@ -225,7 +240,7 @@ def removals(
             doc[:sample].tolist(), of[:sample].tolist(), is_exact[:sample].tolist(), strict=True
         )
     ]
-    return Removed(indices, exact, shown, len(np.unique(survivors)))
+    return Removed(indices, exact, shown, len(np.unique(survivors)), twins)
 
 
 def save_pairs(pairs: np.ndarray) -> bytes:

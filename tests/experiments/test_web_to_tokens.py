@@ -74,9 +74,31 @@ def test_web_to_tokens_removes_each_kind_of_page_at_its_stage_and_a_rerun_does_n
         json.loads((dedupe / "stats.json").read_text())["total"]["documents_in"]
         > json.loads((dedupe / "stats.json").read_text())["total"]["documents_out"]
     )
+    # Dedupe's evidence names the kept twin of each copy; what it removed are the crawl's copies.
+    (good_data,) = quality.glob("data")
+    removed = list(read_evidence(str(dedupe)))
+    assert removed and {e["reason"] for e in removed} <= {"exact_duplicate", "near_duplicate"}
+    for e in removed:
+        lines = gzip.decompress((good_data / e["file"]).read_bytes()).splitlines()
+        assert json.loads(lines[e["index"]])["url"].split("/")[3] == "copy"
+        assert "excerpt" in e["detail"]["duplicate_of"]
+    (decontaminated,) = prefix.glob("decontaminate/web-*")
+    assert {e["reason"] for e in read_evidence(str(decontaminated))} == {"contamination"}
     (mixture,) = prefix.glob("mixture/web-*")
     assert (mixture / "data_config.yaml").exists()
     assert "held-out accuracy" in first.stdout and "documents from 450 pages" in first.stdout
+
+    (manifest,) = (prefix / "experiments").glob("web_to_tokens-*.json")
+    shown = subprocess.run(
+        [sys.executable, "-m", "pipeline", "data", str(manifest), "dedupe/web", "--samples", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode == 0 and "duplicate of data/web/crawl-" in shown.stdout, (
+        shown.stdout + shown.stderr
+    )
 
     second = run(prefix)
     assert second.returncode == 0, second.stderr[-4000:]

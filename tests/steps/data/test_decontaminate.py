@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 
 import pytest
 
@@ -16,6 +15,7 @@ from steps.data.decontaminate import (
     decontaminate_step,
     words,
 )
+from steps.data.filtering import read_evidence
 from steps.data.shards import shard_texts
 from steps.evaluation.eval_tasks import inline_task
 from tests.steps.data.test_dedupe import unique_docs, write_jsonl
@@ -69,7 +69,10 @@ def test_planted_evaluation_items_and_only_they_are_removed(tmp_path):
     kept = list(shard_texts(str(out / "data" / "train" / "a.jsonl"), "text"))
     kept += list(shard_texts(str(out / "data" / "train" / "b.jsonl"), "text"))
     assert kept == [text for i, text in enumerate(train) if i not in planted]
-    removed = [json.loads(line) for line in (out / "removed.jsonl").read_text().splitlines()]
+    removed = list(read_evidence(str(out)))
+    assert {r["reason"] for r in removed} == {"contamination"}
+    assert removed[1]["excerpt"] == planted[30]  # the document, as the data page shows it
+    removed = [{**r, **r["detail"]} for r in removed]
     assert [(r["file"], r["index"]) for r in removed] == [
         ("train/a.jsonl", 25),
         ("train/a.jsonl", 30),
@@ -138,7 +141,10 @@ def test_every_string_of_an_evaluation_record_is_checked(tmp_path):
         )
     )
     assert json.loads((out / "stats.json").read_text())["total"]["documents_removed"] == 1
-    assert Path(out / "removed.jsonl").read_text().count("\n") == 1
+    (evidence,) = read_evidence(str(out))
+    assert evidence["index"] == 0 and evidence["detail"]["matched"] == [
+        {"file": str(tmp_path / "eval.jsonl"), "index": 0}
+    ]
 
 
 def test_a_line_text_mode_found_blank_is_a_record_named_in_an_error(tmp_path):

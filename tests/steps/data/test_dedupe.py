@@ -11,6 +11,7 @@ import pytest
 
 from pipeline import ExecutorMainConfig, StepDeclarationError, run_experiment
 from steps.data.dedupe import DedupeConfig, DedupeError, dedupe, dedupe_step, normalize, removed_indices
+from steps.data.filtering import read_evidence
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -95,7 +96,11 @@ def test_the_planted_duplicates_and_only_they_are_removed(tmp_path, minhash, gro
         grouping=grouping,
     )
     out = run_step(step, tmp_path / "prefix")
-    removed = {
+    evidence = list(read_evidence(str(out)))  # what the step says it removed, and why
+    removed = {(e["file"], e["index"]) for e in evidence}
+    assert len(removed) == len(evidence)
+    # ... which is what its kept shards lack.
+    assert removed == {
         (f"raw/{name}", i)
         for name in ("a.jsonl", "b.jsonl.gz", "c.parquet")
         for i in removed_indices(str(tmp_path / "raw" / name), str(out / "data" / "raw" / name))
@@ -111,6 +116,19 @@ def test_the_planted_duplicates_and_only_they_are_removed(tmp_path, minhash, gro
     assert 0 < stats["total"]["clusters"] <= 24
     assert (stats["parameters"]["minhash"], stats["parameters"]["grouping"]) == (minhash, grouping)
     assert stats["total"]["bytes_out"] < stats["total"]["bytes_in"]
+    assert {r: v["documents"] for r, v in stats["total"]["reasons"].items()} == {
+        "exact_duplicate": 12,
+        "near_duplicate": 12,
+    }
+    # Each removal names the document kept for it (kept indeed); the first of each shard show it.
+    for e in evidence:
+        twin = e["detail"]["duplicate_of"]
+        assert (twin["file"], twin["index"]) not in removed
+        if "excerpt" in twin and e["reason"] == "exact_duplicate":
+            assert e["score"] == 1.0 and normalize(e["excerpt"])[:300] == normalize(twin["excerpt"])[:300]
+        elif "excerpt" in twin:
+            assert 0.8 <= e["score"] < 1  # the estimated similarity, at least the threshold
+    assert sum("excerpt" in e["detail"]["duplicate_of"] for e in evidence) == len(evidence)  # < 20 a shard
     pairs = [json.loads(line) for line in (out / "removed_pairs.jsonl").read_text().splitlines()]
     assert len(pairs) == 5
     for pair in pairs:

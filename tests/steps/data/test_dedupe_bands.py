@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import random
 import signal
 import subprocess
@@ -83,13 +84,10 @@ def spread_corpus(root: Path, shards: int = 6, per_shard: int = 60) -> set[tuple
 
 
 def removed_by(out: Path, inputs: Path) -> set[tuple[str, int]]:
-    from steps.data.dedupe import removed_indices
+    """(file name, index) of every document the step's evidence says it removed."""
+    from steps.data.filtering import read_evidence
 
-    removed = set()
-    for path in sorted(inputs.glob("*.jsonl")):
-        (kept_path,) = out.glob(f"data/**/{path.name}")
-        removed.update((path.name, i) for i in removed_indices(str(path), str(kept_path)))
-    return removed
+    return {(posixpath.basename(e["file"]), e["index"]) for e in read_evidence(str(out))}
 
 
 def test_parts_and_passes_remove_the_same_documents(tmp_path, monkeypatch):
