@@ -8,8 +8,12 @@
 The classifier is logistic regression over hashed word n-grams (1- to `ngrams`-grams of the
 normalized words, `steps.data.decontaminate.words`, into `buckets` buckets, as counts scaled to
 unit length), fitted with L-BFGS and an L2 penalty: what fastText's supervised mode computes for
-two labels without its hidden layer, in numpy and scipy, which are here already (docs/data.md has
-its accuracy and speed beside fastText's). The positive set is text like what you want to keep
+two labels without its hidden layer, in numpy and scipy, which are here already. Measured beside
+fastText 0.9.3 (wordNgrams=2, the same 2^18 buckets, one thread) on the demo recipe's sets: both
+100% accurate on the held-out tenth; fastText trains in 0.3 s against 4.6 s here, and both score
+about 10 MB of text a second a core (9.9 here, 10.3 fastText, the same normalization before
+both), which is what a filter over a corpus spends. fastText's wheel also fails under numpy 2
+(`predict` calls `np.array(copy=False)`), so it would need a pin or a patch. The positive set is text like what you want to keep
 (a curated corpus), the negative set text like what you want to drop (a random sample of the
 crawl, as DCLM and FineWeb-Edu do). At most `max_documents` of each are used (the first ones, in
 order), and `validation_fraction` of each is held out to measure the classifier.
@@ -215,6 +219,17 @@ def features(texts: Sequence[str], ngrams: int, buckets: int) -> Any:
     hashed word 1- to `ngrams`-grams, each row scaled to unit length."""
     from scipy import sparse
 
+    row, col = _hashed_ngrams(texts, ngrams, buckets)
+    matrix = sparse.csr_matrix(
+        (np.ones(len(row), dtype=np.float64), (row, col)), shape=(len(texts), buckets), dtype=np.float64
+    )
+    matrix.sum_duplicates()
+    norms = np.sqrt(np.asarray(matrix.multiply(matrix).sum(axis=1)).ravel())
+    return sparse.diags(1.0 / np.maximum(norms, 1e-12)) @ matrix
+
+
+def _hashed_ngrams(texts: Sequence[str], ngrams: int, buckets: int) -> tuple[np.ndarray, np.ndarray]:
+    """(text, bucket) of every word 1- to `ngrams`-gram of the normalized texts, as two arrays."""
     normalized = [" ".join(words(t)) for t in texts]
     rows, cols = [], []
     for n in range(1, ngrams + 1):
@@ -222,13 +237,7 @@ def features(texts: Sequence[str], ngrams: int, buckets: int) -> Any:
         counts = np.diff(np.append(first, len(hashes)))
         rows.append(np.repeat(np.arange(len(texts)), counts))
         cols.append((hashes % np.uint64(buckets)).astype(np.int64))
-    row, col = np.concatenate(rows), np.concatenate(cols)
-    matrix = sparse.csr_matrix(
-        (np.ones(len(row), dtype=np.float64), (row, col)), shape=(len(texts), buckets), dtype=np.float64
-    )
-    matrix.sum_duplicates()
-    norms = np.sqrt(np.asarray(matrix.multiply(matrix).sum(axis=1)).ravel())
-    return sparse.diags(1.0 / np.maximum(norms, 1e-12)) @ matrix
+    return np.concatenate(rows), np.concatenate(cols)
 
 
 @dataclass(frozen=True)
@@ -243,8 +252,15 @@ class QualityClassifier:
         """Each text's probability of being like the positive set."""
         if not texts:
             return np.zeros(0)
-        x = features(texts, self.ngrams, len(self.weights))
-        return 1.0 / (1.0 + np.exp(-(x @ self.weights + self.bias)))
+        # features(texts) @ weights, without building the matrix: each (text, bucket)'s count
+        # once (np.unique), the dot product and the row's length by bincount.
+        buckets = len(self.weights)
+        documents, columns = _hashed_ngrams(texts, self.ngrams, buckets)
+        keys, counts = np.unique(documents * buckets + columns, return_counts=True)
+        rows, cols = keys // buckets, keys % buckets
+        length = np.sqrt(np.bincount(rows, counts.astype(np.float64) ** 2, minlength=len(texts)))
+        dot = np.bincount(rows, self.weights[cols] * counts, minlength=len(texts))
+        return 1.0 / (1.0 + np.exp(-(dot / np.maximum(length, 1e-12) + self.bias)))
 
     @classmethod
     def load(cls, output: str) -> QualityClassifier:

@@ -123,6 +123,12 @@ def test_features_are_unit_rows_of_hashed_ngrams_and_fit_separates_a_toy_problem
     weights, bias = fit(features(texts, 1, 64), y, l2=1e-4)
     scores = QualityClassifier(weights, bias, 1).score(texts)
     assert (scores[:5] > 0.9).all() and (scores[5:] < 0.1).all()
+    # Scoring without the matrix is the model's definition: sigmoid(features @ weights + bias).
+    mixed = ["good spam words", "", "there there bad", "good words here " * 30]
+    expected = 1 / (1 + np.exp(-(features(mixed, 2, 64) @ np.resize(weights, 64) + bias)))
+    assert QualityClassifier(np.resize(weights, 64), bias, 2).score(mixed) == pytest.approx(
+        expected, abs=1e-12
+    )
 
 
 def test_bad_declarations_name_the_field(tmp_path):
