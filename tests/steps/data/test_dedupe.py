@@ -286,3 +286,32 @@ def test_the_records_read_are_the_records_written(tmp_path):
     shard.write_bytes('{"text": "A"}\n\u00a0\n{"text": "B"}\n'.encode())
     with pytest.raises(DedupeError, match=r"s.jsonl line 2: malformed JSON"):
         dedupe(bad)
+
+
+def shingle_jaccard(a: str, b: str, n: int = 5) -> float:
+    x, y = (
+        {tuple(w[i : i + n]) for i in range(len(w) - n + 1)}
+        for w in (normalize(a).split(), normalize(b).split())
+    )
+    return len(x & y) / len(x | y)
+
+
+def test_near_copies_well_above_the_threshold_are_all_found_and_well_below_none(tmp_path):
+    """The ends of LSH's S-curve at the default threshold (0.8), with copies of known 5-gram
+    Jaccard similarity; between them, benchmarks/curation_recall.py measures it (docs/data.md)."""
+    rng = random.Random(11)
+    docs = unique_docs(60, seed=12)
+    rows, high, low = list(docs), set(), set()
+    for k, doc in enumerate(docs[:40]):
+        words, similarity = doc.split(" "), 1.0
+        target = 0.95 if k < 20 else 0.65
+        while similarity > target:  # replace words at random until the similarity falls to it
+            words[rng.randrange(len(words))] = f"new{rng.randrange(10**6)}"
+            similarity = shingle_jaccard(doc, " ".join(words))
+        rows.append(" ".join(words))
+        (high if k < 20 else low).add(len(rows) - 1)
+        assert (similarity >= 0.89) if k < 20 else (0.6 <= similarity <= 0.65), similarity
+    write_jsonl(tmp_path / "in" / "docs.jsonl", rows)
+    dedupe(DedupeConfig(inputs=["in"], output=str(tmp_path / "out"), input_root=str(tmp_path)))
+    removed = {e["index"] for e in read_evidence(str(tmp_path / "out"))}
+    assert high <= removed and not (low & removed) and removed <= high
