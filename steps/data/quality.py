@@ -13,9 +13,10 @@ fastText 0.9.3 (wordNgrams=2, the same 2^18 buckets, one thread) on the demo rec
 100% accurate on the held-out tenth; fastText trains in 0.3 s against 4.6 s here, and both score
 about 10 MB of text a second a core (9.9 here, 10.3 fastText, the same normalization before
 both), which is what a filter over a corpus spends. fastText's wheel also fails under numpy 2
-(`predict` calls `np.array(copy=False)`), so it would need a pin or a patch. The positive set is text like what you want to keep
-(a curated corpus), the negative set text like what you want to drop (a random sample of the
-crawl, as DCLM and FineWeb-Edu do). At most `max_documents` of each are used (the first ones, in
+(`predict` calls `np.array(copy=False)`), so it would need a pin or a patch.
+
+The positive set is text like what you want to keep (a curated corpus), the negative set text
+like what you want to drop (a random sample of the crawl, as DCLM and FineWeb-Edu do). At most `max_documents` of each are used (the first ones, in
 order), and `validation_fraction` of each is held out to measure the classifier.
 
 `quality_classifier_step` writes:
