@@ -16,8 +16,9 @@ both), which is what a filter over a corpus spends. fastText's wheel also fails 
 (`predict` calls `np.array(copy=False)`), so it would need a pin or a patch.
 
 The positive set is text like what you want to keep (a curated corpus), the negative set text
-like what you want to drop (a random sample of the crawl, as DCLM and FineWeb-Edu do). At most `max_documents` of each are used (the first ones, in
-order), and `validation_fraction` of each is held out to measure the classifier.
+like what you want to drop (a random sample of the crawl, as DCLM and FineWeb-Edu do). At most
+`max_documents` of each are used (the first ones, in order), and `validation_fraction` of each
+is held out to measure the classifier.
 
 `quality_classifier_step` writes:
 
