@@ -40,6 +40,10 @@ Every remaining difference from the published run:
     phases, switching at the published steps. Each is a raw dataset declared by name and version
     (`steps.data.sources.raw_dataset`) at two mirror locations, DRYDOCK_535B_DATA and
     DRYDOCK_535B_DATA_MIRROR; moving the data between them keeps every identity;
+  * the web component starts as crawl (WARC files, `web/crawl/`): its text is extracted, English
+    kept, the Gopher, C4 and FineWeb rules applied, and a quality classifier (trained as a step
+    from a curated positive set and a random crawl sample) filters it, every removal with its
+    evidence (docs/data.md, "From web crawl"); the other components are text already;
   * each component's training files are deduplicated and decontaminated before tokenizing, as
     steps of their own. Dedupe's global pass is sharded: 10 LSH passes (9 bands and the exact one)
     of 64 parts each, as Ray tasks across the cluster; `drydock plan` states each task's memory
@@ -83,7 +87,11 @@ from typing import Any
 from pipeline import Resources, Step, executor_main
 from steps.data.decontaminate import decontaminate_step
 from steps.data.dedupe import dedupe_step
+from steps.data.extract import extract_step
+from steps.data.heuristics import heuristics_step
+from steps.data.language import language_step
 from steps.data.mixture import mixture_step
+from steps.data.quality import quality_classifier_step, quality_filter_step
 from steps.data.sources import RawDataset, raw_dataset
 from steps.data.tokenize import tokenize_step
 from steps.evaluation.evaluate import evaluate_step
@@ -111,8 +119,8 @@ COOLDOWN_FROM = 312_192  # the published start of the cooldown mixture
 CPU_HOST = Resources(cpus=32, memory="128GiB")
 
 COMPONENTS = {
-    # name: (train glob, validation glob), under DATA
-    "web": ("web/train/*.jsonl.zst", "web/validation/*.jsonl.zst"),
+    # name: (train glob, validation glob), under DATA; the web's training text is made from crawl
+    "web": ("web/crawl/*.warc.gz", "web/validation/*.jsonl.zst"),
     "code": ("code/train/*.jsonl.zst", "code/validation/*.jsonl.zst"),
     "math": ("math/train/*.jsonl.zst", "math/validation/*.jsonl.zst"),
     "books": ("books/train/*.jsonl.zst", "books/validation/*.jsonl.zst"),
@@ -145,12 +153,41 @@ VALIDATION = {
 }
 
 
+QUALITY_SETS = {"positive": "quality/positive/*.jsonl.zst", "negative": "quality/negative/*.jsonl.zst"}
+"""The quality classifier's examples: curated text to keep (reference pages, books, papers) and a
+random sample of the crawl's extracted text, as DCLM trains its filter."""
+
+
+def web_documents(pattern: str) -> Step:
+    """The web component's documents from crawl: text extracted from the WARC files, English kept,
+    the published heuristic rules applied, then the quality classifier's filter."""
+    pages = extract_step(
+        "extract/web", inputs=[raw("web-crawl", pattern)], num_workers=64, resources=CPU_HOST
+    )
+    english = language_step(
+        "language/web", inputs=[pages / "data"], languages=["en"], num_workers=64, resources=CPU_HOST
+    )
+    clean = heuristics_step("heuristics/web", inputs=[english / "data"], num_workers=64, resources=CPU_HOST)
+    classifier = quality_classifier_step(
+        "quality/classifier",
+        positive=[raw("quality-positive", QUALITY_SETS["positive"])],
+        negative=[raw("quality-negative", QUALITY_SETS["negative"])],
+        max_documents=500_000,
+        resources=CPU_HOST,
+    )
+    return quality_filter_step(
+        "quality/web", inputs=[clean / "data"], classifier=classifier, num_workers=64, resources=CPU_HOST
+    )
+
+
 def curated(name: str, pattern: str) -> Step:
     """A component's training files, deduplicated (exact and MinHash LSH) and then decontaminated
-    against every validation set and the downstream tasks' rows (13-grams)."""
+    against every validation set and the downstream tasks' rows (13-grams). The web's are made
+    from crawl first (`web_documents`)."""
+    documents = web_documents(pattern) / "data" if name == "web" else raw(f"{name}-train", pattern)
     deduped = dedupe_step(
         f"dedupe/{name}",
-        inputs=[raw(f"{name}-train", pattern)],
+        inputs=[documents],
         num_workers=64,
         band_parts=64,
         documents=DOCUMENTS[name],

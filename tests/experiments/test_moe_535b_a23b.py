@@ -34,8 +34,20 @@ def test_the_plan_lists_every_step_with_parameters_tokens_and_steps(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     steps = {s["name"]: s for s in json.loads(result.stdout)["steps"]}
-    # 19 steps of the run itself, and its scaling ladder: 15 trainings, 15 evaluations, one fit.
-    assert len(steps) == 50 and {s["state"] for s in steps.values()} == {"RUN"}
+    # 24 steps of the run itself, and its scaling ladder: 15 trainings, 15 evaluations, one fit.
+    assert len(steps) == 55 and {s["state"] for s in steps.values()} == {"RUN"}
+    # The web component from crawl: extraction, language, the published rules, a quality
+    # classifier trained as a step, its filter; then dedupe reads the filter's documents.
+    labels = {name: s["label"] for name, s in steps.items()}
+    assert steps["extract/web"]["deps"] == []  # it reads the raw crawl
+    for step, upstream in (
+        ("language/web", ["extract/web"]),
+        ("heuristics/web", ["language/web"]),
+        ("quality/classifier", []),
+        ("quality/web", ["heuristics/web", "quality/classifier"]),
+        ("dedupe/web", ["quality/web"]),
+    ):
+        assert sorted(steps[step]["deps"]) == sorted(labels[u] for u in upstream), step
     # Raw data is curated before it is tokenized: dedupe, then decontaminate, per component.
     assert {n for n in steps if n.startswith(("dedupe/", "decontaminate/"))} == {
         f"{kind}/{c}"
