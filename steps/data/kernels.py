@@ -382,3 +382,25 @@ def word_stats(
                     n += 1
             i += size
     return counts, hashes[:n], lengths[:n], first
+
+
+@_compiled(nogil=True)
+def dfa_visits(
+    data: np.ndarray, nextmove: np.ndarray, rowbase: np.ndarray, output: np.ndarray, features: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """py3langid's feature counts of `data` (UTF-8 bytes; `py3langid.langid.visit_counts`, the
+    DFA walk it does in Python): the features visited, in the order first visited, and their
+    counts. `steps.data.language` scores them as py3langid does."""
+    counts = np.zeros(features, dtype=np.int64)
+    order = np.empty(min(len(data), features), dtype=np.int64)
+    seen = 0
+    state = 0
+    for byte in data:
+        state = nextmove[rowbase[state] + byte]
+        feature = output[state]
+        if feature >= 0:
+            if counts[feature] == 0:
+                order[seen] = feature
+                seen += 1
+            counts[feature] += 1
+    return order[:seen], counts[order[:seen]]

@@ -17,9 +17,12 @@ Output as every filter step's (`steps.data.filtering`): the kept shards, the evi
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from pipeline import OutputOf, Resources, Step, StepDeclarationError, step_function, this_output, versioned
 from steps.data import filtering
@@ -258,10 +261,43 @@ def _identifier() -> Any:
     return LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
 
 
+@functools.cache
+def _tables() -> tuple[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray]:
+    """py3langid's model as arrays: the DFA (next state, row starts, the feature of each state),
+    the number of features, and the feature weights as float32 (the model keeps float16, which
+    numpy multiplies four times slower and converts to float32 anyway: the same sums)."""
+    identifier = _identifier()
+    output = np.asarray(identifier.tk_output, dtype=np.int64)
+    nextmove = np.frombuffer(identifier.tk_nextmove, dtype=np.dtype(identifier.tk_nextmove.typecode))
+    rowbase = np.asarray(identifier._rowbase, dtype=np.int64)
+    return nextmove, rowbase, output, int(output.max()) + 1, identifier.nb_ptc.astype(np.float32)
+
+
 def identify(text: str, max_chars: int = 4000) -> tuple[str, float]:
-    """(language code, probability) of `text`'s first `max_chars` characters."""
-    language, probability = _identifier().classify(text[:max_chars].replace("\n", " "))
-    return str(language), float(probability)
+    """(language code, probability) of `text`'s first `max_chars` characters: py3langid's
+    `classify` (with normalized probabilities), its byte-by-byte walk compiled
+    (`steps.data.kernels.dfa_visits`; with the weights in float32, about four times faster in
+    all); the rest is py3langid's own arithmetic, and the tests check that the two give the same
+    answer to the last bit."""
+    from steps.data.kernels import dfa_visits
+
+    identifier = _identifier()
+    data = identifier._encode(text[:max_chars].replace("\n", " "))
+    nextmove, rowbase, output, features, weights = _tables()
+    order, counts = dfa_visits(np.frombuffer(data, dtype=np.uint8), nextmove, rowbase, output, features)
+    if len(order):
+        scores = np.log1p(counts.astype(np.float32)) @ weights[order] + identifier.nb_pc
+    else:
+        scores = np.full(len(identifier.nb_classes), 0.0, dtype=np.float32)
+    # As py3langid's _decide, with normalized probabilities.
+    scores *= 1.0 / math.sqrt(len(data) or 1)
+    np.exp(scores - scores.max(), out=scores)
+    scores /= scores.sum()
+    for i, j in identifier._alias_pairs:
+        scores[i] += scores[j]
+        scores[j] = 0.0
+    best = int(scores.argmax())
+    return str(identifier.nb_classes[best]), float(scores[best])
 
 
 def _judge(config: LanguageConfig, records: Sequence[Any]) -> list[Removal | None]:

@@ -4,6 +4,7 @@ language found; a rerun redoes only unfinished shards; a record without text is 
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
@@ -78,3 +79,15 @@ def test_the_known_languages_are_the_models_and_bad_declarations_name_the_field(
         language_step("language/x", inputs=["a.jsonl"], min_score=1.5)
     with pytest.raises(StepDeclarationError, match="languages must be a non-empty list"):
         language_step("language/x", inputs=["a.jsonl"], languages="en")
+
+
+def test_the_compiled_identification_is_py3langids_to_the_last_bit():
+    from steps.data.language import _identifier
+
+    rng = random.Random(4)
+    words = (ENGLISH + " " + FRENCH + " " + GERMAN + " 日本語 Ünïcödé — “quoted” 42").split()
+    texts = ["", "ok", NOISE, ENGLISH.upper(), "x" * 5000]
+    texts += [" ".join(rng.choice(words) for _ in range(rng.randint(1, 300))) for _ in range(200)]
+    for text in texts:
+        language, score = _identifier().classify(text[:4000].replace("\n", " "))
+        assert identify(text) == (language, float(score)), text[:80]
