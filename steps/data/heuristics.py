@@ -334,11 +334,11 @@ def _gopher_quality(rules: GopherQuality, text: str, lines: list[str], counts: n
         if symbols / n > rules.max_symbol_word_ratio:
             return _fail("gopher_quality.max_symbol_word_ratio", symbols / n, rules.max_symbol_word_ratio)
     if lines and rules.max_bullet_lines_ratio is not None:
-        ratio = sum(line.startswith(_BULLETS) for line in lines) / len(lines)
+        ratio = sum(map(str.startswith, lines, itertools.repeat(_BULLETS))) / len(lines)
         if ratio > rules.max_bullet_lines_ratio:
             return _fail("gopher_quality.max_bullet_lines_ratio", ratio, rules.max_bullet_lines_ratio)
     if lines and rules.max_ellipsis_lines_ratio is not None:
-        ratio = sum(line.endswith(_ELLIPSIS) for line in lines) / len(lines)
+        ratio = sum(map(str.endswith, lines, itertools.repeat(_ELLIPSIS))) / len(lines)
         if ratio > rules.max_ellipsis_lines_ratio:
             return _fail("gopher_quality.max_ellipsis_lines_ratio", ratio, rules.max_ellipsis_lines_ratio)
     if rules.min_alpha_words_ratio is not None and n and alpha / n < rules.min_alpha_words_ratio:
@@ -425,11 +425,11 @@ def _fineweb(rules: FineWebRules, text: str, lines: list[str], words: int) -> Re
     if not lines:
         return None
     if rules.min_line_punctuation_ratio is not None:
-        ratio = sum(line.endswith(_TERMINAL) for line in lines) / len(lines)
+        ratio = sum(map(str.endswith, lines, itertools.repeat(_TERMINAL))) / len(lines)
         if ratio < rules.min_line_punctuation_ratio:
             return _fail("fineweb.min_line_punctuation_ratio", ratio, rules.min_line_punctuation_ratio)
     if rules.max_short_line_ratio is not None:
-        ratio = sum(len(line) <= rules.short_line_length for line in lines) / len(lines)
+        ratio = sum(map(rules.short_line_length.__ge__, map(len, lines))) / len(lines)
         if ratio > rules.max_short_line_ratio:
             return _fail("fineweb.max_short_line_ratio", ratio, rules.max_short_line_ratio)
     if rules.max_duplicate_line_char_ratio is not None:
