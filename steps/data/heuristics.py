@@ -350,16 +350,9 @@ def _gopher_quality(rules: GopherQuality, text: str, lines: list[str], counts: n
 
 
 def _duplicates(items: list[str]) -> tuple[int, int]:
-    """(items equal to an earlier one, their characters)."""
-    seen: set[str] = set()
-    count = chars = 0
-    for item in items:
-        if item in seen:
-            count += 1
-            chars += len(item)
-        else:
-            seen.add(item)
-    return count, chars
+    """(items equal to an earlier one, their characters): all of them less one of each."""
+    distinct = set(items)
+    return len(items) - len(distinct), sum(map(len, items)) - sum(map(len, distinct))
 
 
 def _gopher_repetition(
