@@ -159,7 +159,10 @@ def test_a_running_training_shows_its_live_figures_in_the_table_and_the_json(tmp
     assert "MFU 41.5%" in progress_text(row, now=1e9 + 60) and "tok/s" not in progress_text(row, now=1e9 + 60)
 
 
-def test_progress_outside_a_step_only_logs(tmp_path, caplog):
+def test_progress_outside_a_step_only_logs(tmp_path, caplog, monkeypatch):
+    # Outside a step every caller shares one pace (a step function called directly by an earlier
+    # test reported 100% of its own work there): start from none.
+    monkeypatch.setattr(step_events, "_progress_state", {})
     caplog.set_level("INFO", logger="pipeline.run.step_events")
     assert not step_events.progress(5, 10, "shards", clock=lambda: 0.0)
     assert "50% (5 of 10 shards)" in caplog.text
