@@ -26,7 +26,7 @@ Words are the whitespace-separated tokens with a letter or a digit (datatrove sp
 language's word tokenizer, so its counts differ a little); beyond ASCII, a character's block says
 whether it is punctuation (`steps.data.kernels.word_stats`). Lines are split at newlines. The
 word and n-gram counts are compiled passes over a batch's bytes, the line rules plain Python: the
-step judges 19.5 to 23 MB of text a second a core (`benchmarks/curation_web.py`, three runs;
+step judges 19.5 to 23 MB of text a second a core (`benchmarks/curation_web.py`, four runs;
 datatrove's four filters 0.11).
 
 One departure from C4 as datatrove runs it: there, C4's line rules *rewrite* the document (its
