@@ -84,7 +84,7 @@ from steps.data.dedupe_bands import (
     lsh_bands,
 )
 from steps.data.dedupe_first_match import first_match_pass
-from steps.data.dedupe_passes import DedupeError, components_pass, normalize, sign_shard, work_path
+from steps.data.dedupe_passes import DedupeError, components_pass, loader, normalize, sign_shard, work_path
 from steps.data.shards import is_shard, shard_texts, write_kept
 from steps.data.sources import (
     InputError,
@@ -423,12 +423,11 @@ def _evidence(
                 twin_texts[(shard, i)] = text[:EXCERPT_CHARS]
             if i >= last:
                 break
-    signatures: dict[str, np.ndarray] = {}
+    load, signatures = loader(config), {}
 
     def signature(shard_key: str, index: int) -> np.ndarray | None:
         if shard_key not in signatures:
-            with np.load(io.BytesIO(read_bytes(work_path(config, shard_key)))) as data:
-                signatures[shard_key] = data["minhash"] if "minhash" in data else np.zeros((0, 0))
+            signatures[shard_key] = load(shard_key, "minhash")
         rows = signatures[shard_key]
         return rows[index] if index < len(rows) and rows.shape[1] else None
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 import gzip
 import json
 import re
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,12 +48,10 @@ from pipeline.steplib import (
     KEPT_DIR,
     KEPT_SAMPLE,
     evidence_line,
-    parallel_map,
-    step_events,
 )
 from steps.data import filtering
 from steps.data.filtering import FilterError, Tally
-from steps.data.sources import InputError, RawDataset, raw_listing, read_files
+from steps.data.sources import RawDataset
 from steps.files import exists, read_json, write_file, write_json
 
 __all__ = ["ExtractConfig", "Page", "extract", "extract_step", "html_to_text", "is_warc", "read_pages"]
@@ -227,12 +224,7 @@ def _is_html(content_type: str) -> bool:
 
 def extract_inputs(config: ExtractConfig) -> dict[str, dict[str, Any]]:
     """The WARC files the step reads, with fingerprints (`step_function(inputs=...)`)."""
-    try:
-        return raw_listing(
-            {"inputs": (config.inputs, config.input_identity.get("inputs"))}, config.input_root, is_warc
-        )
-    except InputError as e:
-        raise FilterError(str(e)) from e
+    return filtering.input_listing(config, is_warc)
 
 
 def _report(config: ExtractConfig) -> str | None:
@@ -248,33 +240,14 @@ def _report(config: ExtractConfig) -> str | None:
 @step_function(inputs=extract_inputs, report=_report, check=filtering.check_local_inputs)
 def extract(config: ExtractConfig) -> None:
     """Extract the text of `config.inputs`' HTML pages into `config.output`."""
-    started = time.time()
-    try:
-        files = read_files(
-            config.inputs,
-            config.input_identity.get("inputs"),
-            config.input_root,
-            is_warc,
-            "inputs",
-            "a WARC file",
-        )
-    except InputError as e:
-        raise FilterError(str(e)) from e
+    files = filtering.input_shards(config, is_warc, "a WARC file")
     args = [(config, path, key) for path, key, _source in files]
-    tallies: dict[str, Tally] = {}
-    for done, (key, counts) in enumerate(
-        parallel_map(_extract_file, args, max_workers=config.num_workers), 1
-    ):
-        tallies[key] = Tally(counts)
-        step_events.progress(done, len(files), "WARC files")
     parameters = {
         "extractor": config.extractor,
         "main_content": config.main_content,
         "fix_unicode": config.fix_unicode,
     }
-    write_json(
-        f"{config.output}/stats.json", filtering.summarize(files, tallies, parameters, time.time() - started)
-    )
+    filtering.fan_out(config.output, files, _extract_file, args, config.num_workers, parameters, "WARC files")
 
 
 def _shard_name(key: str) -> str:

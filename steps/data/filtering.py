@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline import OutputOf, StepDeclarationError
 from pipeline.steplib import (
     EVIDENCE_DIR,
     KEPT_DIR,
@@ -40,7 +41,8 @@ from pipeline.steplib import (
     parallel_map,
     step_events,
 )
-from steps.data.shards import ShardError, numbered_records, record_text, write_kept
+from steps.data.shards import ShardError, is_shard, numbered_records, record_text, write_kept
+from steps.data.sources import InputError, check_local_inputs_exist, input_identity, raw_listing, read_files
 from steps.files import exists, read_json, write_file, write_json
 
 __all__ = [
@@ -145,12 +147,26 @@ def filter_shards(
     """Judge every document of `shards` ((path, key, source) each) and write the step's outputs
     under `output` (see the module docstring); returns what `stats.json` holds. `judge` must
     pickle (a module-level function, or a `functools.partial` of one) to reach other processes."""
-    started = time.time()
     args = [(output, path, key, judge, text_field) for path, key, _source in shards]
+    return fan_out(output, shards, _filter_shard, args, num_workers, parameters, "shards filtered")
+
+
+def fan_out(
+    output: str,
+    shards: Sequence[tuple[str, str, str]],
+    fn: Callable[..., tuple[str, dict[str, Any]]],
+    args: Sequence[tuple[Any, ...]],
+    num_workers: int,
+    parameters: Mapping[str, Any],
+    unit: str,
+) -> dict[str, Any]:
+    """`fn(*a)` for each shard's `a` through `parallel_map`, each returning (key, its `Tally` as
+    JSON), with progress in `unit`; then `stats.json` (`summarize`), which is returned."""
+    started = time.time()
     tallies: dict[str, Tally] = {}
-    for done, (key, counts) in enumerate(parallel_map(_filter_shard, args, max_workers=num_workers), 1):
+    for done, (key, counts) in enumerate(parallel_map(fn, args, max_workers=num_workers), 1):
         tallies[key] = Tally(counts)
-        step_events.progress(done, len(shards), "shards filtered")
+        step_events.progress(done, len(shards), unit)
     stats = summarize(shards, tallies, parameters, time.time() - started)
     write_json(f"{output}/stats.json", stats)
     return stats
@@ -238,20 +254,15 @@ def _filter_shard(
 def inputs_identity(inputs: Sequence[Any], input_root: str | None) -> dict[str, Any]:
     """What a filter step's identity takes from its inputs (`steps.data.sources`): raw files by
     their fingerprints, an upstream step's output by that step's identity."""
-    from pipeline import OutputOf
-    from steps.data.sources import input_identity
-
     return {"inputs": [None if isinstance(s, OutputOf) else input_identity(s, input_root) for s in inputs]}
 
 
-def input_listing(config: Any) -> dict[str, dict[str, Any]]:
-    """The raw files a filter step reads, with fingerprints (`step_function(inputs=...)`)."""
-    from steps.data.shards import is_shard
-    from steps.data.sources import InputError, raw_listing
-
+def input_listing(config: Any, accept: Callable[[str], bool] = is_shard) -> dict[str, dict[str, Any]]:
+    """The raw files a curation step reads (those `accept` takes), with fingerprints
+    (`step_function(inputs=...)`)."""
     try:
         return raw_listing(
-            {"inputs": (config.inputs, config.input_identity.get("inputs"))}, config.input_root, is_shard
+            {"inputs": (config.inputs, config.input_identity.get("inputs"))}, config.input_root, accept
         )
     except InputError as e:
         raise FilterError(str(e)) from e
@@ -259,19 +270,19 @@ def input_listing(config: Any) -> dict[str, dict[str, Any]]:
 
 def check_local_inputs(config: Any) -> None:
     """For a step rebuilt from a manifest: its local files are where it says (`--remap` them)."""
-    from steps.data.sources import check_local_inputs_exist
-
     check_local_inputs_exist({"inputs": config.inputs}, config.input_root)
 
 
-def input_shards(config: Any) -> list[tuple[str, str, str]]:
-    """(path, key, source) of every shard a filter step reads."""
-    from steps.data.shards import is_shard
-    from steps.data.sources import InputError, read_files
-
+def input_shards(
+    config: Any,
+    accept: Callable[[str], bool] = is_shard,
+    kind: str = "a jsonl or parquet file (optionally .gz or .zst)",
+) -> list[tuple[str, str, str]]:
+    """(path, key, source) of every file a curation step reads; a file `accept` refuses is an
+    error saying it is not `kind`."""
     try:
         return read_files(
-            config.inputs, config.input_identity.get("inputs"), config.input_root, is_shard, "inputs"
+            config.inputs, config.input_identity.get("inputs"), config.input_root, accept, "inputs", kind
         )
     except InputError as e:
         raise FilterError(str(e)) from e
@@ -280,8 +291,6 @@ def input_shards(config: Any) -> list[tuple[str, str, str]]:
 def check_number(step: str, name: str, value: Any, low: float, high: float | None = None) -> None:
     """Refuse (one `StepDeclarationError` naming the field) a threshold that is not a number in
     [low, high]."""
-    from pipeline import StepDeclarationError
-
     ok = isinstance(value, int | float) and not isinstance(value, bool) and value == value
     if not ok or value < low or (high is not None and value > high):
         bounds = f"between {low} and {high}" if high is not None else f"at least {low}"
