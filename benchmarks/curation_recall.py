@@ -1,6 +1,6 @@
 """Does curation find what was planted? Recall of dedupe and decontaminate at their thresholds.
 
-dedupe: `--pairs` documents (word sequences drawn from the demo corpus's vocabulary, 120-200 words,
+dedupe: `--pairs` documents (400; word sequences drawn from the demo corpus's vocabulary, 120-200 words,
 so that no two share a 5-gram by chance) each get a copy edited until the Jaccard similarity of
 the two documents' word 5-gram sets (as dedupe normalizes them) is a target value: 0.95 down to
 0.5. The step runs with its defaults (threshold 0.8, 128 one-permutation MinHash values, LSH);
@@ -13,7 +13,7 @@ text, as it is, in upper case with its punctuation changed, with one word in 20 
 only its first 13 words. The step runs with its defaults (13-grams, common n-grams in more than
 10 documents ignored) against the task suite; an item is found when its document is removed.
 
-    .venv/bin/python benchmarks/curation_recall.py [--pairs 200]
+    .venv/bin/python benchmarks/curation_recall.py [--pairs 400]
 
 Prints the share found per band of similarity and per kind of plant, then the load average.
 """
