@@ -235,6 +235,12 @@ def _status(target: str, argv: Sequence[str]) -> int:
                     title=source.title,
                     run_going=source.run_going,
                     wait_for_start=known.wait,
+                    # Said once on stderr too: the table's footer is not seen when it is piped.
+                    on_waiting=lambda: print(
+                        f"waiting up to {known.wait:g}s for a run of {target} to start (Ctrl-C to stop)",
+                        file=sys.stderr,
+                        flush=True,
+                    ),
                 )
             return 0
         rows = _read(source)

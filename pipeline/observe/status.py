@@ -378,6 +378,7 @@ def watch(
     title: str,
     run_going: Callable[[list[StepStatus]], bool] = lambda rows: False,
     wait_for_start: float = 60.0,
+    on_waiting: Callable[[], None] = lambda: None,
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
 ) -> list[StepStatus]:
@@ -386,13 +387,15 @@ def watch(
     The run goes on while a step is RUNNING or `run_going(rows)` (its manifest says it has not
     finished and its runner may be alive: a killed runner's run is over, though its manifest
     never says so). Otherwise the watch ends at once if every step is done; if not, it waits up to
-    `wait_for_start` seconds for a run to begin (a watch started just before the run is).
-    Returns the last rows read. Ctrl-C propagates to the caller (which treats it as "stop watching").
+    `wait_for_start` seconds for a run to begin (a watch started just before the run is), and calls
+    `on_waiting` once as it starts to wait. Returns the last rows read. Ctrl-C propagates to the
+    caller (which treats it as "stop watching").
     """
     from rich.live import Live
 
     began = clock()
     rows = load()
+    announced = False
     with Live(console=console, auto_refresh=False, transient=False) as live:
         while True:
             now = clock()
@@ -408,6 +411,9 @@ def watch(
             live.update(Group(status_table(rows, now=now, title=title), footer), refresh=True)
             if not going and not waiting:
                 return rows
+            if waiting and not announced:
+                on_waiting()
+                announced = True
             sleep(interval)
             rows = load()
 

@@ -511,14 +511,20 @@ def test_a_watch_started_before_the_run_follows_it_to_the_end(tmp_path, latest):
         env=env(),
         cwd=ROOT,
     )
-    time.sleep(1.5)  # the watch is up and sees nothing running yet
-    assert watcher.poll() is None, watcher.communicate()
+    # The watch is up and waits, having seen nothing running: it says so on stderr.
+    assert watcher.stderr is not None
+    first = ""
+    while "waiting" not in first:
+        line = watcher.stderr.readline()
+        assert line, (first, watcher.communicate())  # it ended instead
+        first += line
+    assert watcher.poll() is None
     run = drydock("run", str(exp), "--prefix", str(prefix))
     assert run.returncode == 0, run.stderr
     # The run says where its manifest is as it starts, for a watcher by manifest.
     assert "follow it with: drydock status " in run.stderr and "--watch" in run.stderr
     out, err = watcher.communicate(timeout=60)
-    assert watcher.returncode == 0, err
+    assert watcher.returncode == 0, first + err
     assert "5 success" in out  # the last table: every step done
 
 

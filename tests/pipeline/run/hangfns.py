@@ -16,6 +16,8 @@ class HangConfig:
     hang_at: int = 3
     marker: str = ""
     """Hang only while this file does not exist (it is made when the step hangs: once)."""
+    always: bool = False
+    """Hang at `hang_at` every time (the same hang on every attempt)."""
 
 
 def _stuck() -> None:
@@ -32,6 +34,8 @@ def hanging(config: HangConfig) -> None:
         step_events.progress(i, config.steps, "steps")
         # Its own account of its time (the ledger): all of it steps, to the last one begun.
         step_events.account({"steps": time.time() - began}, {"last_step": i})
+        if i == config.hang_at and config.always:
+            _stuck()
         if i == config.hang_at and config.marker and not os.path.exists(config.marker):
             open(config.marker, "w").close()
             _stuck()

@@ -256,7 +256,7 @@ def test_lost_lease_stops_the_step_and_discards_its_result(tmp_path):
     assert calls(counter, f"gate-{gate}") == 2
 
 
-def test_steps_held_elsewhere_are_awaited_then_counted_done(tmp_path):
+def test_steps_held_elsewhere_are_awaited_then_counted_done(tmp_path, capfd):
     counter = str(tmp_path / "calls")
     prefix = tmp_path / "prefix"
     steps = chain(counter)
@@ -268,7 +268,12 @@ def test_steps_held_elsewhere_are_awaited_then_counted_done(tmp_path):
     store = StepStore(LocalStorage())
     store.acquire(a_dir, other, ttl=60)
     thread, box = _in_thread(run, steps, prefix, wait_poll_interval=0.05)
-    time.sleep(0.2)
+    # The runner found data/a held and waits for it, with b not started.
+    deadline, said = time.monotonic() + 20, ""
+    while f"WAIT       {a_label}  running in run other0000000" not in said:
+        assert time.monotonic() < deadline and thread.is_alive(), said
+        time.sleep(0.02)
+        said += capfd.readouterr().err
     assert thread.is_alive() and calls(counter, "b") == 0  # b waits for a
     with open(f"{a_dir}/value.json", "w") as f:
         json.dump({"value": 1}, f)

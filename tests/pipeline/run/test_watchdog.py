@@ -182,3 +182,33 @@ def test_a_hung_step_is_stopped_its_stacks_saved_and_retried(tmp_path, webhook):
     # checkpoint" of every step); a training's names the step it resumes from (test_multihost).
     (hung,) = [m["body"]["text"] for m in received if m["body"]["drydock"]["kind"] == "hung"]
     assert hung.endswith("; retrying it") and "checkpoint" not in hung, hung
+
+
+def test_the_same_hang_crash_limit_times_in_a_row_fails_the_step(tmp_path):
+    """A step that hangs at the same place on every attempt is not a lost machine: after
+    `crash_limit` hangs in a row it fails, saying so, instead of spending its preemption budget."""
+    step = Step(
+        "hang/always",
+        hanging,
+        HangConfig(this_output(), steps=6, hang_at=2, always=True),
+        resources=Resources(hang_timeout=1.0, crash_limit=2),
+    )
+    prefix = tmp_path / "prefix"
+    report = run_experiment([step], ExecutorMainConfig(prefix=str(prefix), backend="local"))
+    assert not report.ok
+    (step_dir,) = prefix.glob("hang/always-*")
+    events = StepStore(LocalStorage()).events(str(step_dir))
+    kinds = [e.event for e in events]
+    assert kinds == [
+        Event.RUNNING,
+        Event.WARNING,
+        Event.PREEMPTED,
+        Event.RUNNING,
+        Event.WARNING,
+        Event.FAILED,
+    ], kinds
+    failed = events[-1]
+    assert failed.message.startswith("the same crash 2 times in a row (hung: no progress for "), failed
+
+    assert failed.data["cause"] == "hung"
+    assert not (step_dir / "done").exists()

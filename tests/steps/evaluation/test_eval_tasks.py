@@ -229,3 +229,28 @@ def test_a_remote_task_files_bad_row_fails_the_step_with_the_same_message(tmp_pa
         local_task_files([task], config),
     ):
         pass
+
+
+def test_lm_eval_renders_an_inline_task_through_the_sandbox(tmp_path):
+    """lm-eval renders template strings with its own, unsandboxed Jinja: an inline task's templates
+    must reach it as the sandboxed callables. A row that makes a 20-million-character prompt is
+    refused by the sandbox's limits; lm-eval's own Jinja would render it."""
+    from lm_eval.tasks import TaskManager, get_task_dict
+
+    from steps.evaluation.task_templates import TemplateError
+
+    rows = [{"q": "ab", "n": 1, "options": ["x", "y"], "answer": 0}]
+    path = tmp_path / "test.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = inline_task(
+        "repeat",
+        {"test": str(path)},
+        doc_to_text="{{ q * n }}",
+        doc_to_choice="{{ options }}",
+        doc_to_target="{{ answer }}",
+    )
+    (checked,) = check_tasks([task], None, None)
+    lm_task = get_task_dict([lm_eval_spec(checked, {"test": str(path)})], TaskManager())["repeat"]
+    assert lm_task.doc_to_text(rows[0]) == "ab"
+    with pytest.raises(TemplateError, match="over the limit"):
+        lm_task.doc_to_text({**rows[0], "n": 10_000_000})

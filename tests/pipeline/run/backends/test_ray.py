@@ -359,7 +359,10 @@ def test_ctrl_c_with_the_output_in_a_pipe_cancels_and_closes_the_run(tmp_path):
         line = reader.readline()
         assert line, seen.decode()  # the runner ended early
         seen += line
-    time.sleep(1.0)  # the follower is inside its function, waiting on the training's items
+    # The follower is inside its function, waiting on the training's items.
+    while not list(prefix.glob("evaluate/long-*/.logs/attempt-*.started")):
+        assert time.monotonic() < deadline and runner.poll() is None, seen.decode()
+        time.sleep(0.05)
     reader.close()  # `tee` is gone: every later write to the pipe fails
     runner.send_signal(signal.SIGINT)
     code = runner.wait(timeout=120)
