@@ -9,7 +9,6 @@ import hashlib
 import io
 from collections.abc import Callable
 from itertools import islice, pairwise
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,14 +23,12 @@ from steps.data.dedupe_bands import (
     removals,
     save_pairs,
 )
+from steps.data.dedupe_config import DedupeConfig
 from steps.data.dedupe_first_match import datasketch_signer
 from steps.data.minhash import BATCH_BYTES, sign
 from steps.data.normalized import normalize, normalized_bytes
 from steps.data.shards import ShardError, shard_texts
 from steps.files import exists, read_bytes, write_file
-
-if TYPE_CHECKING:
-    from steps.data.dedupe import DedupeConfig
 
 __all__ = [
     "DedupeError",

@@ -28,7 +28,7 @@ os.environ.setdefault("NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING", "1")
 import numpy as np
 from numba import njit
 
-from steps.data.minhash import GRAM_BASE, LENGTH, WORD_BASE
+from steps.data.hash_constants import GRAM_BASE, LENGTH, WORD_BASE
 
 logger = logging.getLogger(__name__)
 

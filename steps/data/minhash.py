@@ -36,6 +36,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from steps.data.hash_constants import GRAM_BASE, LENGTH, WORD_BASE
+
 __all__ = ["BATCH_BYTES", "mix", "ngram_hashes", "sign", "signatures"]
 
 BATCH_BYTES = 4 << 20
@@ -43,9 +45,6 @@ BATCH_BYTES = 4 << 20
 of its longest document; `ngram_hashes`'s prefix sums take about 40 bytes per byte of text."""
 
 _U64 = np.uint64
-WORD_BASE = _U64(0x100000001B3)  # FNV's 64-bit prime: odd, so it has an inverse mod 2^64
-GRAM_BASE = _U64(0x9E3779B97F4A7C15)  # the golden ratio's odd 64-bit constant
-LENGTH = _U64(0xD6E8FEB86659FD93)
 _DENSIFY_SEED = 0x5EED  # the empty bins' probe sequences: fixed, so every run densifies alike
 _MAX_PROBES = 4096
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +31,15 @@ from pipeline import Resources, Step, StepDeclarationError, output_of, step_func
 from steps.files import write_text
 from steps.imports import LEVANTER, import_ml
 
-__all__ = ["MixtureConfig", "MixtureError", "load_data_config", "mixture", "mixture_step", "plan_mixture"]
+__all__ = [
+    "MixtureConfig",
+    "MixtureError",
+    "load_data_config",
+    "mixture",
+    "mixture_step",
+    "plan_mixture",
+    "tokenizer_size_if_known",
+]
 
 Weights = Mapping[str, float] | Sequence[tuple[int, Mapping[str, float]]]
 MAX_BLOCK = 2048  # Levanter's default mixture_block_size
@@ -415,3 +424,21 @@ def load_data_config(path: str) -> Any:
         path = f"{path}/data_config.yaml"
     with fsspec.open(path, "r") as f:
         return draccus.load(LmDataConfig, f)
+
+
+def tokenizer_size_if_known(data: str) -> int | None:
+    """The size of the vocabulary of the tokenizer a mixture step (output `data`) recorded, read from
+    its `tokenizer.json` without loading the tokenizer; None when that cannot be read (not written
+    yet, a hub name)."""
+    try:
+        import yaml
+
+        with fsspec.open(os.path.join(data, "data_config.yaml"), "r") as f:
+            tokenizer = yaml.safe_load(f).get("tokenizer")
+        with fsspec.open(os.path.join(tokenizer, "tokenizer.json"), "r") as f:
+            raw = json.load(f)
+        return len(raw["model"]["vocab"]) + sum(
+            1 for t in raw.get("added_tokens", []) if t["content"] not in raw["model"]["vocab"]
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None

@@ -27,7 +27,8 @@ from pipeline import Resources, Step, output_of, step_function, this_output, unv
 from steps.evaluation.follow import FollowSettings, check_follow, evaluate_checkpoints
 from steps.files import exists, read_json, save_figure, write_json
 from steps.imports import LEVANTER_MODELS, import_ml
-from steps.training.checkpoints import check_checkpoint_step, training_of
+from steps.training.checkpoints import check_checkpoint_step
+from steps.training.config import training_of
 
 __all__ = ["EvaluateConfig", "evaluate", "evaluate_step"]
 

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import fsspec
 
@@ -24,9 +24,7 @@ from steps.evaluation.eval_tasks import (
     resolve_data_path,
     task_manager,
 )
-
-if TYPE_CHECKING:
-    from steps.evaluation.task_eval import TaskEvalConfig
+from steps.evaluation.task_eval_config import TaskEvalConfig
 
 __all__ = ["Evaluator", "build_tasks", "chance", "local_task_files", "offline", "registry_rows", "summarize"]
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -47,11 +46,12 @@ from pipeline import (
 )
 from steps.files import exists, read_json, write_json
 from steps.imports import import_ml
+from steps.scaling.fit_config import ScalingFitConfig, ScalingPoint, active_non_embedding_params
 from steps.scaling.isoflop import IsoflopUnavailable, isoflop_profiles
 from steps.scaling.law import HUBER_DELTA, MIN_POINTS, ScalingFitError, check_form, check_grid, check_settings
 from steps.scaling.methods import fit_isoflop_method, fit_law_method
 from steps.scaling.plot import plot_fit
-from steps.training.models import MoeModelConfig, parameter_counts
+from steps.training.models import parameter_counts
 
 __all__ = [
     "ScalingFitConfig",
@@ -61,54 +61,6 @@ __all__ = [
     "scaling_fit_step",
     "scaling_point",
 ]
-
-
-@dataclass(frozen=True)
-class ScalingPoint:
-    """One trained and evaluated configuration: the model, its tokens and its evaluation."""
-
-    label: str
-    """A short name for tables and the plot, e.g. `d64-s600`."""
-    model: MoeModelConfig
-    """The trained model: N is its active non-embedding parameter count."""
-    tokens: int
-    """D: the tokens it was trained on (`num_steps * batch_size * seq_len`)."""
-    evaluation: str | None = None
-    """An evaluate step's output directory (its `results.json`); None for a target not trained."""
-
-
-@dataclass(frozen=True)
-class ScalingFitConfig:
-    """Configuration of the scaling_fit step."""
-
-    points: list[ScalingPoint]
-    """The grid: every point must have an evaluation."""
-    target: ScalingPoint
-    """The config whose loss is predicted; with an evaluation, the prediction's error is reported."""
-    output: str
-    """The step's output directory (`this_output()`)."""
-    loss: str = "average"
-    """Which loss of `results.json`: `average` (over the validation sets) or one validation set's name."""
-    level: float = 0.9
-    """Coverage of the prediction interval."""
-    resamples: int = 200
-    """Bootstrap refits for the interval."""
-    seed: int = 0
-    huber_delta: float = HUBER_DELTA
-    """Huber threshold on log residuals: smaller ones count squared, larger ones linearly, so one bad
-    run cannot dominate the fit (Hoffmann et al.'s 1e-3)."""
-    laws: list[str] = field(default_factory=lambda: ["chinchilla", "kaplan"])
-    """The law forms fitted (`steps.scaling.law.FORMS`)."""
-    isoflop: bool = True
-    """Also predict by the IsoFLOP method (`steps.scaling.isoflop`), where the grid allows it."""
-    pre_check: int = 3
-    """How many of the grid's largest-compute points are each predicted by every method fitted to
-    the other points; the method with the smallest mean error there predicts the target."""
-
-
-def active_non_embedding_params(model: MoeModelConfig) -> int:
-    """N: the parameters one token touches, without the token embedding and the LM head."""
-    return parameter_counts(model, vocab_size=0)[1]
 
 
 def scaling_point(train: Step, evaluation: Step | None = None, label: str | None = None) -> ScalingPoint:

@@ -4,10 +4,11 @@ prediction and interval. Pure functions of arrays; the step is `steps.scaling.fi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from steps.scaling.fit_config import ScalingFitConfig
 from steps.scaling.isoflop import IsoflopFit, IsoflopUnavailable, fit_isoflop, isoflop_interval
 from steps.scaling.law import (
     FORMS,
@@ -19,9 +20,6 @@ from steps.scaling.law import (
     prediction_error,
     prediction_interval,
 )
-
-if TYPE_CHECKING:
-    from steps.scaling.fit import ScalingFitConfig
 
 __all__ = ["fit_isoflop_method", "fit_law_method", "pre_check", "prediction_of"]
 

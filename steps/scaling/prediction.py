@@ -96,7 +96,7 @@ def _describe(n: int, tokens: int) -> str:
 def check_prediction(prediction: Any, model: MoeModelConfig, tokens: int, num_steps: int) -> None:
     """Raise `PredictionError` if `prediction` cannot be this training's: a fit whose target is
     another model size or token count, numbers out of order, or a bad patience."""
-    from steps.scaling.fit import ScalingFitConfig, active_non_embedding_params
+    from steps.scaling.fit_config import ScalingFitConfig, active_non_embedding_params
 
     if not isinstance(prediction, LossPrediction):
         raise PredictionError(
@@ -228,7 +228,7 @@ def resolve_curve(
     training has seen as many tokens as the fit's smallest grid point (the law says nothing
     before it). Raises `PredictionError`
     when the fit has no fit.json or predicts another model size or token count."""
-    from steps.scaling.fit import active_non_embedding_params
+    from steps.scaling.fit_config import active_non_embedding_params
 
     if prediction.fit is None:
         points = tuple(tuple(p) for p in prediction.points)

@@ -12,7 +12,7 @@ from typing import Any
 
 import fsspec
 
-from pipeline import Step, StepDeclarationError, unversioned
+from pipeline import StepDeclarationError, unversioned
 from steps.files import exists, local_path, read_json
 
 __all__ = [
@@ -27,7 +27,6 @@ __all__ = [
     "load_inference_model",
     "prune_checkpoints",
     "retained_steps",
-    "training_of",
 ]
 
 
@@ -206,15 +205,6 @@ def prune_checkpoints(
 
 
 # -- declaring a step that reads a training's checkpoints ------------------------------------------
-
-
-def training_of(name: str, train: Any) -> Any:
-    """The `TrainMoeConfig` of train_moe step `train`, or the declaration error of step `name`."""
-    from steps.training.config import TrainMoeConfig
-
-    if not isinstance(train, Step) or not isinstance(train.config, TrainMoeConfig):
-        raise StepDeclarationError(name, "give a train_moe step (train_moe_step(...))", field="train")
-    return train.config
 
 
 def check_checkpoint_step(

@@ -46,6 +46,7 @@ import time
 from typing import Any
 
 from pipeline.steplib import cache_dir
+from steps.data.mixture import tokenizer_size_if_known
 from steps.training.config import TrainMoeConfig
 from steps.training.estimates import ACCELERATORS, Hardware, memory_per_device, readable_bytes
 from steps.training.mesh import MeshSpec
@@ -141,9 +142,7 @@ def _gpus_here() -> bool:
 
 
 def _vocab_of(config: TrainMoeConfig) -> int | None:
-    from steps.training.train_moe import _tokenizer_size_if_known
-
-    return _tokenizer_size_if_known(config.data) if config.data else None
+    return tokenizer_size_if_known(config.data) if config.data else None
 
 
 def _versions() -> dict[str, str]:

@@ -13,6 +13,7 @@ from typing import Any, Literal, NoReturn
 
 from pipeline import Step, StepDeclarationError, added_field, applies_when, unversioned
 from steps.scaling.prediction import LossPrediction
+from steps.training.checkpoints import check_checkpoint_step
 from steps.training.estimates import Hardware
 from steps.training.mesh import MeshSpec
 from steps.training.models import MoeModelConfig, parameter_counts
@@ -28,6 +29,7 @@ __all__ = [
     "check_declaration",
     "check_guards",
     "summarize",
+    "training_of",
 ]
 
 
@@ -226,7 +228,6 @@ def check_branch(
     num_steps: int,
 ) -> None:
     """What `train_moe_step` refuses about a branch (`init_from`, `init_step`, `init`)."""
-    from steps.training.checkpoints import check_checkpoint_step
 
     def refuse(field_name: str, message: str) -> NoReturn:
         raise StepDeclarationError(name, message, field=field_name)
@@ -316,3 +317,10 @@ def summarize(config: TrainMoeConfig, vocab_size: int | None) -> dict[str, Any]:
         # train_tokens counts what the model has seen, its trunk's steps included.
         summary["branch"] = {"trunk": str(config.init_from), "step": config.init_step, "init": config.init}
     return summary
+
+
+def training_of(name: str, train: Any) -> TrainMoeConfig:
+    """The `TrainMoeConfig` of train_moe step `train`, or the declaration error of step `name`."""
+    if not isinstance(train, Step) or not isinstance(train.config, TrainMoeConfig):
+        raise StepDeclarationError(name, "give a train_moe step (train_moe_step(...))", field="train")
+    return train.config

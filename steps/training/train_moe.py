@@ -38,8 +38,6 @@ import os
 import threading
 from typing import Any
 
-import fsspec
-
 from pipeline import (
     HangPolicy,
     Resources,
@@ -51,6 +49,7 @@ from pipeline import (
     versioned,
 )
 from pipeline.steplib import current_gang
+from steps.data.mixture import tokenizer_size_if_known
 from steps.files import exists, read_text
 from steps.imports import LEVANTER_MODELS, import_ml
 from steps.scaling.prediction import (
@@ -221,7 +220,7 @@ def train_moe_step(
 def preview(config: TrainMoeConfig) -> dict[str, Any]:
     """Shown by `drydock plan`: parameters (if the vocabulary is known), tokens, steps; for a
     declared layout or accelerator, the mesh, the memory per device and the time to train."""
-    vocab = config.vocab_size or _tokenizer_size_if_known(config.data)
+    vocab = config.vocab_size or tokenizer_size_if_known(config.data)
     out = summarize(config, vocab)
     hardware = config.hardware or Hardware()
     if config.mesh is not None or hardware.spec is not None:
@@ -255,7 +254,7 @@ def estimate(config: TrainMoeConfig) -> float | None:
     declared accelerator or a known vocabulary."""
     from steps.training.models import parameter_counts
 
-    vocab = config.vocab_size or _tokenizer_size_if_known(config.data)
+    vocab = config.vocab_size or tokenizer_size_if_known(config.data)
     hardware = config.hardware or Hardware()
     if vocab is None:
         return None
@@ -321,21 +320,6 @@ def metrics(config: TrainMoeConfig) -> dict[str, float] | None:
     if not losses:
         return None
     return {"train/loss": float(losses[-1][1]), "train/steps": float(losses[-1][0] + 1)}
-
-
-def _tokenizer_size_if_known(data: str) -> int | None:
-    try:
-        import yaml
-
-        with fsspec.open(os.path.join(data, "data_config.yaml"), "r") as f:
-            tokenizer = yaml.safe_load(f).get("tokenizer")
-        with fsspec.open(os.path.join(tokenizer, "tokenizer.json"), "r") as f:
-            raw = json.load(f)
-        return len(raw["model"]["vocab"]) + sum(
-            1 for t in raw.get("added_tokens", []) if t["content"] not in raw["model"]["vocab"]
-        )
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
 
 
 # -- the step function ------------------------------------------------------------------------------

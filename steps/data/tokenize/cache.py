@@ -12,17 +12,15 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import fsspec
 
 from steps.data.tokenize.common import ShardStats
+from steps.data.tokenize.config import TokenizeConfig
 from steps.data.tokenize.readers import documents
 from steps.data.tokenize.tokenizer import load_tokenizer
 from steps.files import write_json, write_text
-
-if TYPE_CHECKING:
-    from steps.data.tokenize import TokenizeConfig
 
 __all__ = ["LEDGER", "SHARD_MARKER", "read_marker", "tokenize_shard", "write_ledger"]
 

@@ -10,16 +10,13 @@ from __future__ import annotations
 import gzip
 import io
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
 
 import fsspec
 
 from steps.data.shards import JSON_SUFFIXES, ShardError, jsonl_lines, parse_record, split_compression
 from steps.data.sources import InputError, RawDataset, expand_input
 from steps.data.tokenize.common import ShardStats, TokenizeError
-
-if TYPE_CHECKING:
-    from steps.data.tokenize import TokenizeConfig
+from steps.data.tokenize.config import TokenizeConfig
 
 __all__ = ["documents", "expand_inputs", "is_data_file"]
 
