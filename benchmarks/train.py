@@ -72,8 +72,8 @@ def prepare(prefix: str) -> str:
 def child(mode: str, data: str, steps: int, out: str) -> None:
     """One training run (in its own process); prints the wall time of each step's loss log."""
     from steps.data.mixture import load_data_config
+    from steps.models import TINY_MOE, to_levanter
     from steps.training.levanter_config import levanter_train_config
-    from steps.training.models import TINY_MOE, to_levanter
     from steps.training.train_moe import TrainMoeConfig, train_moe
 
     config = TrainMoeConfig(

@@ -16,7 +16,7 @@ z-loss 1e-4; vocabulary 128,256; sequence 4,096; batch 11,264; 390,251 steps (18
 data switching at step 108,000 and cooldown weights from step 312,192; linear decay to 0.05 of
 the peak after about 1% warm-up; GB200 GPU racks.
 
-This declaration, in Drydock's own MoE family (`steps.training.drydock_moe`, built for this architecture:
+This declaration, in Drydock's own MoE family (`steps.models.drydock_moe`, built for this architecture:
 Levanter's Qwen3-MoE has no shared experts, no working sliding window and one KV-head count):
 hidden 6144, 48 layers, 48 query heads of 128 with QK norm; local layers see a window of 2,048
 tokens with 12 KV heads, every 4th layer is global with 6; 384 routed experts, top-8, and 2 shared
@@ -96,9 +96,9 @@ from steps.data.sources import RawDataset, raw_dataset
 from steps.data.tokenize import tokenize_step
 from steps.evaluation.evaluate import evaluate_step
 from steps.evaluation.task_eval import task_eval_step
+from steps.models import MoeModelConfig
 from steps.scaling.fit import ScalingPoint, scaling_fit_step, scaling_point
 from steps.scaling.prediction import predicted_by
-from steps.training.models import MoeModelConfig
 from steps.training.spikes import Stability
 from steps.training.train_moe import MeshSpec, OptimizerSpec, train_moe_step
 

@@ -47,8 +47,8 @@ from pipeline.run.options import parse_options
 from steps.data.mixture import mixture_step
 from steps.data.tokenize import tokenize_step
 from steps.evaluation.evaluate import evaluate_step
+from steps.models import MoeModelConfig, tiny_moe
 from steps.scaling.fit import scaling_fit_step, scaling_point
-from steps.training.models import MoeModelConfig, tiny_moe
 from steps.training.train_moe import OptimizerSpec, train_moe_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -32,7 +32,7 @@ from steps.data.tokenize import tokenize_step
 from steps.evaluation.demo_tasks import DEMO_TASKS
 from steps.evaluation.evaluate import evaluate_step
 from steps.evaluation.task_eval import task_eval_step
-from steps.training.models import TINY_MOE
+from steps.models import TINY_MOE
 from steps.training.train_moe import OptimizerSpec, train_moe_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -83,7 +83,7 @@ mixture = mixture_step(
     max_epochs=2,
 )
 
-model = TINY_MOE  # a 2-layer Qwen3-MoE of width 64: 4 experts, top-2 (steps/training/models.py)
+model = TINY_MOE  # a 2-layer Qwen3-MoE of width 64: 4 experts, top-2 (steps/models/config.py)
 
 train = train_moe_step(
     "train/tiny-qwen3-moe",

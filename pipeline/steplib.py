@@ -53,6 +53,7 @@ from pipeline.observe.metrics import (
     segment_index,
     segment_name,
 )
+from pipeline.observe.render import format_size
 from pipeline.observe.upstream import step_state
 from pipeline.processes import cache_dir
 from pipeline.run import step_events
@@ -80,6 +81,7 @@ __all__ = [
     "check_lease",
     "current_gang",
     "evidence_line",
+    "format_size",
     "lease_guard",
     "metrics_files",
     "open_storage",

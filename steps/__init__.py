@@ -1,7 +1,8 @@
 """The step library: step functions and their configs, in one folder per domain.
 
-    steps.data         raw sources, mirror, dedupe, decontaminate, tokenize, mixture
-    steps.training     train_moe, its Levanter config and hooks, models, checkpoints, spikes
+    steps.models       MoeModelConfig, the model families' registry, Drydock's own MoE family
+    steps.data         raw sources, mirror, extract, filters, dedupe, decontaminate, tokenize, mixture
+    steps.training     train_moe, its Levanter config and hooks, checkpoints, spikes
     steps.evaluation   evaluate, task_eval and its tasks, following a training
     steps.scaling      scaling-law fits and a training's predicted loss
     steps.files        files by path or URL (every domain)
@@ -10,18 +11,14 @@
 Steps use only the engine's published API (`pipeline` and `pipeline.steplib`; an import-linter
 contract enforces it). docs/architecture.md, "The step library", says how to add a step kind.
 
-Manifests written before the library had folders name their functions and configs by the old
-flat module paths (`steps.train_moe:TrainMoeConfig`): `MOVED` keeps those paths importable, as
-the module that now holds each, so `drydock rerun` of an old manifest rebuilds the same steps.
+Manifests written by earlier layouts name their functions and configs by old module paths (the
+flat `steps.train_moe:TrainMoeConfig`, `steps.training.models:MoeModelConfig`): `MOVED` says where
+each lives now, and the engine reads it where manifests are decoded
+(`pipeline.run.recipe_codec.moved_reference`), so `drydock rerun` of an old manifest rebuilds the
+same steps. Nothing is installed in the import system: code that imports an old path fails.
 """
 
 from __future__ import annotations
-
-import importlib
-import importlib.abc
-import importlib.machinery
-import sys
-import types
 
 MOVED: dict[str, str] = {
     "steps.sources": "steps.data.sources",
@@ -32,8 +29,8 @@ MOVED: dict[str, str] = {
     "steps.mixture": "steps.data.mixture",
     "steps.train_moe": "steps.training.train_moe",
     "steps.spikes": "steps.training.spikes",
-    "steps.moe": "steps.training.models",
-    "steps.drydock_moe": "steps.training.drydock_moe",
+    "steps.moe": "steps.models.config",
+    "steps.drydock_moe": "steps.models.drydock_moe",
     "steps.mesh": "steps.training.mesh",
     "steps.evaluate": "steps.evaluation.evaluate",
     "steps.task_eval": "steps.evaluation.task_eval",
@@ -51,25 +48,16 @@ MOVED: dict[str, str] = {
     "steps.gang_sync": "steps.training.gang_sync",
     "steps.estimates": "steps.training.estimates",
     "steps.task_templates": "steps.evaluation.task_templates",
+    # The models left steps/training for steps/models (the bottom of the library) in 2026-12.
+    "steps.training.models": "steps.models.config",
+    "steps.training.drydock_moe": "steps.models.drydock_moe",
+    "steps.training.drydock_moe_export": "steps.models.drydock_moe_export",
+    # Names that left a module that still exists: the scaling step moved into steps/scaling/fit.py.
+    "steps.scaling:ScalingFitConfig": "steps.scaling.fit:ScalingFitConfig",
+    "steps.scaling:ScalingPoint": "steps.scaling.fit:ScalingPoint",
+    "steps.scaling:scaling_fit": "steps.scaling.fit:scaling_fit",
+    "steps.scaling:scaling_point": "steps.scaling.fit:scaling_point",
+    "steps.scaling:scaling_fit_step": "steps.scaling.fit:scaling_fit_step",
 }
-"""Old flat module path -> the module that holds its step functions and config classes now."""
-
-
-class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Imports an old module path as the module it moved to (the same module object)."""
-
-    def find_spec(
-        self, fullname: str, path: object = None, target: object = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in MOVED:
-            return None
-        return importlib.machinery.ModuleSpec(fullname, self)
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
-        return importlib.import_module(MOVED[spec.name])
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        """The module it moved to is already executed."""
-
-
-sys.meta_path.append(_Moved())
+"""Old module path -> the module that holds its step functions and config classes now, or an old
+`module:name` -> where that name lives now (`pipeline.run.recipe_codec.MOVED_TABLE`)."""

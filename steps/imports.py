@@ -34,7 +34,7 @@ LEVANTER_MODELS = (
     "levanter.main.train_lm",
     "levanter.models.mixtral",
     "levanter.models.qwen3_moe",
-    "steps.training.drydock_moe",
+    "steps.models.drydock_moe",
     "steps.training.tracker",
     "steps.training.checkpointer",
     "steps.training.levanter_fixes",

@@ -182,23 +182,28 @@ class Resolver:
         self.named = named
         self._main: types.SimpleNamespace | None = None
 
-    def __call__(self, ref: str, step: str, field: str) -> Any:
+    def __call__(self, ref: str, step: str, field: str, *, moved_from: frozenset[str] = frozenset()) -> Any:
         module_name, _, qualname = ref.partition(":")
         if not qualname:
             raise RecipeError(step, f"malformed reference {ref!r} (expected module:qualname)", field=field)
         try:
             if module_name == MAIN_MODULE:
-                obj: Any = self._main_namespace(step, field)
-            else:
-                obj = importlib.import_module(module_name)
-            for part in qualname.split("."):
-                obj = getattr(obj, part)
+                return self._lookup(self._main_namespace(step, field), qualname)
+            return self._lookup(importlib.import_module(module_name), qualname)
         except (ImportError, AttributeError) as e:
+            moved = moved_reference(ref)
+            if moved is not None and moved not in moved_from:  # a table that loops ends here
+                return self(moved, step, field, moved_from=moved_from | {ref})
             raise RecipeError(
                 step,
                 f"cannot import {ref} ({e}); is the code that wrote this manifest installed?",
                 field=field,
             ) from e
+
+    @staticmethod
+    def _lookup(obj: Any, qualname: str) -> Any:
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
         return obj
 
     def _main_namespace(self, step: str, field: str) -> types.SimpleNamespace:
@@ -216,6 +221,38 @@ class Resolver:
             # Not as __main__: the file declares its steps but must not run executor_main.
             self._main = types.SimpleNamespace(**runpy.run_path(self.named, run_name=RECIPE_MODULE))
         return self._main
+
+
+MOVED_TABLE = "MOVED"
+"""The name of the table a package keeps of what moved in it: `{old: new}`, each a module path
+(`"steps.train_moe": "steps.training.train_moe"`: everything in it) or a reference
+(`"steps.scaling:ScalingFitConfig": "steps.scaling.fit:ScalingFitConfig"`: that name)."""
+
+
+def moved_reference(ref: str) -> str | None:
+    """Where `module:qualname`, recorded by an older layout of its package, lives now, from a
+    `MOVED` table in the module or one of the packages above it (`steps.MOVED`), or None.
+    Consulted only for a reference that no longer imports, here where manifests are decoded:
+    nothing is installed in the import system, and code importing an old path fails as it should."""
+    module_name, _, qualname = ref.partition(":")
+    parts = module_name.split(".")
+    for package in (".".join(parts[:end]) for end in range(len(parts), 0, -1)):
+        try:
+            table = getattr(importlib.import_module(package), MOVED_TABLE, None)
+        except ImportError:
+            continue
+        if not isinstance(table, Mapping):
+            continue
+        moved = table.get(ref)
+        if isinstance(moved, str) and moved != ref:
+            return moved
+        # The longest moved module that holds it: `steps.moe` for `steps.moe.sub:X` as for `steps.moe:X`.
+        for end in range(len(parts), 0, -1):
+            new = table.get(".".join(parts[:end]))
+            if isinstance(new, str):
+                target = ".".join([new, *parts[end:]])
+                return None if target == module_name else f"{target}:{qualname}"
+    return None
 
 
 def decode_value(

@@ -34,9 +34,9 @@ import re
 import time
 import unicodedata
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -52,7 +52,6 @@ from steps.data.sources import (
     raw_listing,
     read_files,
 )
-from steps.evaluation.eval_tasks import EvalTask
 from steps.files import exists, read_json, write_file, write_json
 
 __all__ = ["DecontaminateConfig", "DecontaminateError", "decontaminate", "decontaminate_step", "words"]
@@ -89,12 +88,23 @@ class DecontaminateConfig:
     """What identity takes from the inputs and evaluation files (`steps.data.sources`)."""
 
 
+class TaskRows(Protocol):
+    """What decontamination reads of a task (`steps.evaluation.eval_tasks.EvalTask` is one): the
+    files of its splits, by split, and which split is its test set."""
+
+    @property
+    def data(self) -> Mapping[str, str] | None: ...
+
+    @property
+    def test_split(self) -> str: ...
+
+
 def decontaminate_step(
     name: str,
     *,
     inputs: Sequence[str | RawDataset | OutputOf],
     evaluation: Sequence[str | RawDataset | OutputOf] = (),
-    tasks: Sequence[EvalTask] = (),
+    tasks: Sequence[TaskRows] = (),
     text_field: str = "text",
     ngram: int = 13,
     max_matches: int = 10,

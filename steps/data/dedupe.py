@@ -74,6 +74,7 @@ from pipeline.steplib import (
     KEPT_DIR,
     KEPT_SAMPLE,
     evidence_line,
+    format_size,
     parallel_map,
     step_events,
 )
@@ -94,7 +95,6 @@ from steps.data.sources import (
     read_files,
 )
 from steps.files import exists, read_bytes, read_json, write_file, write_json
-from steps.training.estimates import readable_bytes
 
 __all__ = ["DedupeConfig", "DedupeError", "dedupe", "dedupe_step", "normalize", "removed_indices"]
 
@@ -234,16 +234,16 @@ def preview(config: DedupeConfig) -> str:
         )
         if docs:
             lines.append(
-                f"memory for {docs:,} documents: a band part {readable_bytes(16 * docs / config.band_parts)} "
+                f"memory for {docs:,} documents: a band part {format_size(16 * docs / config.band_parts)} "
                 f"and {4 * config.num_perm} bytes per candidate; the step's process 16 bytes per "
-                f"document with a duplicate ({readable_bytes(0.16 * docs)} per 1% of them); "
-                f"signatures on disk {readable_bytes(signature_bytes * docs)}"
+                f"document with a duplicate ({format_size(0.16 * docs)} per 1% of them); "
+                f"signatures on disk {format_size(signature_bytes * docs)}"
             )
     else:
         lines.append("global pass: first_match, in the step's process")
         if docs:
             lines.append(
-                f"memory for {docs:,} documents: the step's process {readable_bytes(signature_bytes * docs)}"
+                f"memory for {docs:,} documents: the step's process {format_size(signature_bytes * docs)}"
             )
     if not docs:
         lines.append("(documents=N gives the memory figures)")

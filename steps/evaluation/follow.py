@@ -20,13 +20,12 @@ import logging
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import fsspec
 
 from pipeline import StepDeclarationError
-from pipeline.steplib import step_events, step_state
+from pipeline.steplib import step_events
 from steps.files import read_json, save_figure, write_json
 from steps.training.checkpoints import (
     checkpoint_at,
@@ -35,6 +34,7 @@ from steps.training.checkpoints import (
     complete_checkpoints,
     kept_steps_of,
 )
+from steps.training.waiting import FollowSettings, training_waited, wait_for_checkpoint
 
 __all__ = [
     "FollowSettings",
@@ -52,18 +52,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _STEP_FILE = re.compile(r"^step-(\d+)\.json$")
-
-
-@dataclass(frozen=True)
-class FollowSettings:
-    """How a follower waits (none of it changes what is computed, so none of it is versioned)."""
-
-    poll_seconds: float = 5.0
-    """How often to look for a new checkpoint while none is there."""
-    patience_seconds: float = 3600.0
-    """Give up if the training has not run (not started, preempted, runner gone) this long."""
-    failed_grace_seconds: float = 120.0
-    """Give up if the training stays FAILED or CANCELLED this long (a retry restarts it sooner)."""
 
 
 def step_result_path(output: str, step: int) -> str:
@@ -173,7 +161,7 @@ def follow_checkpoints(
                 f"the training at {train} finished without a checkpoint at its final step {final_step} "
                 f"under {root}; evaluated steps {sorted(done)}"
             )
-        finished, waiting_since = _training_waited(
+        finished, waiting_since = training_waited(
             train,
             waiting_since,
             settings,
@@ -183,61 +171,6 @@ def follow_checkpoints(
         if not finished:
             sleep(settings.poll_seconds)
     return done
-
-
-def wait_for_checkpoint(
-    train: str,
-    step: int,
-    *,
-    settings: FollowSettings = FollowSettings(),
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> str:
-    """The complete checkpoint of `step` of training output `train`, waiting for it while the
-    training runs (a branch starting from a training that is still going). A training that
-    finishes without it, or stays failed or away, is an error naming the training."""
-    root = checkpoints_dir(train)
-    waiting_since: float | None = None
-    finished = False
-    told = False
-    while (found := checkpoint_at(root, step)) is None:
-        if finished:
-            raise FileNotFoundError(
-                f"the training at {train} finished without a checkpoint at step {step} under {root}"
-            )
-        if not told:
-            print(f"waiting for the checkpoint of step {step} under {root}", flush=True)
-            told = True
-        finished, waiting_since = _training_waited(
-            train, waiting_since, settings, clock, f"its checkpoint of step {step}. Rerun to resume."
-        )
-        if not finished:
-            sleep(settings.poll_seconds)
-    return found
-
-
-def _training_waited(
-    train: str,
-    waiting_since: float | None,
-    settings: FollowSettings,
-    clock: Callable[[], float],
-    before: str,
-) -> tuple[bool, float | None]:
-    """While waiting for a checkpoint of training output `train`: (whether it has finished, so a
-    last look is due: its checkpoints land before its commit; since when it has not been
-    running). A training failed past `failed_grace_seconds`, or away past `patience_seconds`, is
-    a RuntimeError saying what was waited `before`."""
-    state = step_state(train)
-    if state == "SUCCESS":
-        return True, waiting_since
-    if state == "RUNNING":
-        return False, None
-    waiting_since = clock() if waiting_since is None else waiting_since
-    failed = state in ("FAILED", "CANCELLED", "CORRUPT")
-    limit = settings.failed_grace_seconds if failed else settings.patience_seconds
-    if clock() - waiting_since > limit:
-        raise RuntimeError(f"the training at {train} is {state} (for over {limit:.0f} s) before {before}")
-    return False, waiting_since
 
 
 def evaluate_checkpoints(

@@ -46,12 +46,12 @@ from pipeline import (
 )
 from steps.files import exists, read_json, write_json
 from steps.imports import import_ml
+from steps.models import parameter_counts
 from steps.scaling.fit_config import ScalingFitConfig, ScalingPoint, active_non_embedding_params
 from steps.scaling.isoflop import IsoflopUnavailable, isoflop_profiles
 from steps.scaling.law import HUBER_DELTA, MIN_POINTS, ScalingFitError, check_form, check_grid, check_settings
 from steps.scaling.methods import fit_isoflop_method, fit_law_method
 from steps.scaling.plot import plot_fit
-from steps.training.models import parameter_counts
 
 __all__ = [
     "ScalingFitConfig",

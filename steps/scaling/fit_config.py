@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from steps.models import MoeModelConfig, parameter_counts
 from steps.scaling.law import HUBER_DELTA
-from steps.training.models import MoeModelConfig, parameter_counts
 
 __all__ = ["ScalingFitConfig", "ScalingPoint", "active_non_embedding_params"]
 

@@ -37,7 +37,7 @@ from typing import Any
 
 from pipeline import OutputOf, Step, output_of, unversioned
 from steps.files import exists, read_json
-from steps.training.models import MoeModelConfig
+from steps.models import MoeModelConfig
 
 __all__ = [
     "PREDICTION_FILE",

@@ -19,6 +19,7 @@ import fsspec
 
 from pipeline.steplib import step_events
 from steps.files import local_path, read_text
+from steps.models import family
 from steps.training import ledger
 from steps.training.checkpoints import checkpoint_at, latest_checkpoint
 from steps.training.config import TrainMoeConfig, summarize
@@ -110,8 +111,8 @@ def train_attempts(
     final_step = _shared_step(latest_step(checkpoints)[1])
     final = None if final_step is None else checkpoint_at(checkpoints, final_step)
     exported = None
-    if config.hf_export and config.model.family == "drydock_moe" and final is not None:
-        from steps.training.drydock_moe_export import export_checkpoint
+    if config.hf_export and not family(config.model.family).levanter_export and final is not None:
+        from steps.training.checkpoints import export_checkpoint
 
         # No Hugging Face architecture has this model: safetensors and a config.json instead. In a
         # gang every process loads its shards and takes part in gathering them; the leader writes.

@@ -14,6 +14,7 @@ import fsspec
 
 from pipeline import StepDeclarationError, unversioned
 from steps.files import exists, local_path, read_json
+from steps.models.config import MoeModelConfig
 
 __all__ = [
     "check_checkpoint_step",
@@ -22,6 +23,7 @@ __all__ = [
     "checkpoints_dir",
     "complete_checkpoints",
     "delete_checkpoints",
+    "export_checkpoint",
     "kept_steps_of",
     "latest_checkpoint",
     "load_inference_model",
@@ -116,7 +118,7 @@ def load_inference_model(train: str, checkpoint: str, vocab_size: int, parameter
     from levanter.models.lm_model import LmConfig
     from levanter.models.mixtral import MixtralConfig
 
-    from steps.training.drydock_moe import DrydockMoeConfig  # registers the drydock_moe family with draccus
+    from steps.models.drydock_moe import DrydockMoeConfig  # registers the drydock_moe family with draccus
 
     model_config = draccus.decode(LmConfig, read_json(f"{train.rstrip('/')}/levanter_model.json"))
     if isinstance(model_config, MixtralConfig):
@@ -244,3 +246,27 @@ def check_checkpoint_step(
             f"step {checkpoint_step} is not one of them",
             field,
         )
+
+
+def export_checkpoint(
+    train: str,
+    checkpoint: str,
+    spec: MoeModelConfig,
+    vocab_size: int,
+    directory: str,
+    *,
+    leader: bool = True,
+) -> str:
+    """Export the model of `checkpoint` (of training output `train`) into `directory`. In a gang,
+    every process calls it (loading and gathering the shards are collectives); the `leader` writes."""
+    import haliax as hax
+    from levanter.trainer import TrainerConfig
+
+    from steps.models.drydock_moe_export import export_model
+
+    trainer = TrainerConfig(require_accelerator=False)
+    params = trainer.parameter_axis_mapping
+    with hax.partitioning.set_mesh(trainer.device_mesh), hax.axis_mapping(params):
+        model = load_inference_model(train, checkpoint, vocab_size, params)
+        export_model(model, spec, directory, leader=leader)
+    return directory

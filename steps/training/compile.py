@@ -45,12 +45,12 @@ import tempfile
 import time
 from typing import Any
 
-from pipeline.steplib import cache_dir
+from pipeline.steplib import cache_dir, format_size
 from steps.data.mixture import tokenizer_size_if_known
+from steps.models import parameter_counts
 from steps.training.config import TrainMoeConfig
-from steps.training.estimates import ACCELERATORS, Hardware, memory_per_device, readable_bytes
+from steps.training.estimates import ACCELERATORS, Hardware, memory_per_device
 from steps.training.mesh import MeshSpec
-from steps.training.models import parameter_counts
 
 __all__ = ["REVISION", "TPU_GENERATIONS", "compile_layout", "tpu_topology"]
 
@@ -234,7 +234,7 @@ def _shown(config: TrainMoeConfig, vocab: int, figures: dict[str, Any]) -> dict[
     memory = figures["memory"]
     peak = memory["peak"]
     spec = ACCELERATORS.get(figures["accelerator"] or "")
-    of = f" of {readable_bytes(spec.memory)} ({peak / spec.memory:.0%})" if spec else ""
+    of = f" of {format_size(spec.memory)} ({peak / spec.memory:.0%})" if spec else ""
     estimate = memory_per_device(
         config.model,
         vocab,
@@ -249,10 +249,10 @@ def _shown(config: TrainMoeConfig, vocab: int, figures: dict[str, Any]) -> dict[
     cached = " (cached)" if figures.get("cached") else f" in {figures['seconds']:.0f} s"
     out["compiled on"] = f"{figures['target']}, mesh {figures['mesh']}{cached}"
     out["compiled memory per device"] = (
-        f"{readable_bytes(peak)}{of}: arguments {readable_bytes(memory['arguments'])}, outputs "
-        f"{readable_bytes(memory['outputs'])} ({readable_bytes(memory['aliased'])} of them donated), "
-        f"temporaries {readable_bytes(memory['temporaries'])}, code {readable_bytes(memory['code'])}; "
-        f"estimate {readable_bytes(estimate)} ({_percent(estimate, peak)})"
+        f"{format_size(peak)}{of}: arguments {format_size(memory['arguments'])}, outputs "
+        f"{format_size(memory['outputs'])} ({format_size(memory['aliased'])} of them donated), "
+        f"temporaries {format_size(memory['temporaries'])}, code {format_size(memory['code'])}; "
+        f"estimate {format_size(estimate)} ({_percent(estimate, peak)})"
     )
     model_flops = figures["model_flops"]
     out["compiled FLOPs per device"] = (
@@ -263,7 +263,7 @@ def _shown(config: TrainMoeConfig, vocab: int, figures: dict[str, Any]) -> dict[
     moved = figures["collectives"]
     out["collectives per step"] = (
         ", ".join(
-            f"{kind} {int(c['count'])} ({readable_bytes(c['bytes'])})" for kind, c in sorted(moved.items())
+            f"{kind} {int(c['count'])} ({format_size(c['bytes'])})" for kind, c in sorted(moved.items())
         )
         or "none"
     )
@@ -335,8 +335,8 @@ def compile_here(config: TrainMoeConfig, vocab: int) -> dict[str, Any]:
     from levanter.trainer_state import TrainerState
     from levanter.utils.mesh import create_mesh_from_axis_specs
 
+    from steps.models import to_levanter
     from steps.training.levanter_config import levanter_optimizer
-    from steps.training.models import to_levanter
     from steps.training.roofline import collectives, matmul_flops, roofline, summarize_costs
 
     started = time.time()
@@ -467,8 +467,8 @@ def compile_here(config: TrainMoeConfig, vocab: int) -> dict[str, Any]:
     if spec is not None:
         if memory["peak"] > spec.memory:
             return {
-                "refused": f"needs {readable_bytes(memory['peak'])} per device (compiled for {where}), "
-                f"more than a {spec.name}'s {readable_bytes(spec.memory)}: shard more (data, tensor, "
+                "refused": f"needs {format_size(memory['peak'])} per device (compiled for {where}), "
+                f"more than a {spec.name}'s {format_size(spec.memory)}: shard more (data, tensor, "
                 "expert), use more devices, or a smaller batch"
             }
         moved_bytes = sum(c["bytes"] for c in moved.values())

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal, NoReturn
 
 from pipeline import Step, StepDeclarationError, added_field, applies_when, unversioned
+from steps.models import MoeModelConfig, parameter_counts
 from steps.scaling.prediction import LossPrediction
 from steps.training.checkpoints import check_checkpoint_step
 from steps.training.estimates import Hardware
 from steps.training.mesh import MeshSpec
-from steps.training.models import MoeModelConfig, parameter_counts
 from steps.training.spikes import SpikePolicy, Stability
 
 logger = logging.getLogger(__name__)

@@ -32,9 +32,11 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pipeline.steplib import format_size
+
 if TYPE_CHECKING:
+    from steps.models import MoeModelConfig
     from steps.training.mesh import MeshSpec
-    from steps.training.models import MoeModelConfig
 
 __all__ = [
     "ACCELERATORS",
@@ -126,7 +128,7 @@ def hardware_of(resources: Any, mfu: float = 0.4) -> Hardware:
 
 def _split_params(model: MoeModelConfig, vocab: int) -> tuple[int, int]:
     """(dense parameters, routed experts' parameters) of `model`."""
-    from steps.training.models import parameter_counts
+    from steps.models import parameter_counts
 
     total, _active = parameter_counts(model, vocab)
     experts = model.num_layers * model.num_experts * 3 * model.hidden_dim * model.expert_intermediate_dim
@@ -193,10 +195,6 @@ def readable_duration(seconds: float) -> str:
     return f"{seconds / 86400:.0f} days"
 
 
-def readable_bytes(n: float) -> str:
-    return f"{n / GIB:.1f} GiB" if n >= GIB / 10 else f"{n / 2**20:.1f} MiB"
-
-
 def fits(total: float, hardware: Hardware) -> bool | None:
     """Whether `total` bytes fit one device of `hardware` (None: unknown accelerator)."""
     spec = hardware.spec
@@ -232,9 +230,9 @@ def layout_problems(
         problems.append(
             (
                 "mesh",
-                f"the estimated {readable_bytes(need['total'])} per device (state "
-                f"{readable_bytes(need['state'])}, activations {readable_bytes(need['activations'])}) "
-                f"does not fit a {spec.name}'s {readable_bytes(spec.memory)}: shard more (data, tensor, "
+                f"the estimated {format_size(need['total'])} per device (state "
+                f"{format_size(need['state'])}, activations {format_size(need['activations'])}) "
+                f"does not fit a {spec.name}'s {format_size(spec.memory)}: shard more (data, tensor, "
                 "expert), use more devices, or a smaller batch",
             )
         )
@@ -253,7 +251,7 @@ def layout_summary(
 ) -> dict[str, Any]:
     """What `drydock plan` shows of a training's layout: the mesh on its devices, the memory per
     device against the accelerator's, the time to train at the assumed MFU."""
-    from steps.training.models import parameter_counts
+    from steps.models import parameter_counts
 
     devices = hardware.devices
     sizes = mesh.sizes(devices)
@@ -264,10 +262,10 @@ def layout_summary(
         return out
     need = memory_per_device(model, vocab, batch_size, seq_len, mesh, devices, precision)
     spec = hardware.spec
-    of = f" of {readable_bytes(spec.memory)} ({need['total'] / spec.memory:.0%})" if spec else ""
+    of = f" of {format_size(spec.memory)} ({need['total'] / spec.memory:.0%})" if spec else ""
     out["memory per device"] = (
-        f"{readable_bytes(need['total'])}{of}: state {readable_bytes(need['state'])}, "
-        f"activations {readable_bytes(need['activations'])}"
+        f"{format_size(need['total'])}{of}: state {format_size(need['state'])}, "
+        f"activations {format_size(need['activations'])}"
     )
     seconds = training_seconds(parameter_counts(model, vocab)[1], tokens, hardware)
     if seconds is not None:

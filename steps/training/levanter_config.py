@@ -13,6 +13,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from steps.models import family
+
 if TYPE_CHECKING:
     from steps.training.config import OptimizerSpec, TrainMoeConfig
     from steps.training.spikes import Rewind, SpikePolicy, Stability
@@ -209,9 +211,9 @@ def levanter_train_config(
                 ),
             ),
         ),
-        # drydock_moe has no Hugging Face architecture: train_moe exports it itself (export/).
+        # A family without a Hugging Face architecture (drydock_moe): train_moe exports it itself (export/).
         hf_save_path=os.path.join(out, "hf")
-        if config.hf_export and config.model.family != "drydock_moe"
+        if config.hf_export and family(config.model.family).levanter_export
         else None,
         hf_save_steps=config.num_steps,
         data_seed=config.seed,

@@ -48,10 +48,11 @@ from pipeline import (
     this_output,
     versioned,
 )
-from pipeline.steplib import current_gang
+from pipeline.steplib import current_gang, format_size
 from steps.data.mixture import tokenizer_size_if_known
 from steps.files import exists, read_text
 from steps.imports import LEVANTER_MODELS, import_ml
+from steps.models import MoeModelConfig, family
 from steps.scaling.prediction import (
     LossPrediction,
     PredictionError,
@@ -76,15 +77,14 @@ from steps.training.estimates import (
     hardware_of,
     layout_problems,
     layout_summary,
-    readable_bytes,
     training_seconds,
 )
 from steps.training.gang_sync import join_gang
 from steps.training.mesh import MeshSpec
-from steps.training.models import MoeModelConfig
 from steps.training.preemption import notice_handler
 from steps.training.spikes import REWINDS_FILE, SpikePolicy, Stability, read_rewinds
 from steps.training.startup import attempt_start, attempt_started, libraries_imported
+from steps.training.waiting import wait_for_checkpoint
 
 __all__ = [
     "MeshSpec",
@@ -252,7 +252,7 @@ def estimate(config: TrainMoeConfig) -> float | None:
     """Seconds the training will hold its devices, for a run's budget: 6 x active parameters x
     tokens at the declared accelerator's peak and MFU (`training_seconds`); None without a
     declared accelerator or a known vocabulary."""
-    from steps.training.models import parameter_counts
+    from steps.models import parameter_counts
 
     vocab = config.vocab_size or tokenizer_size_if_known(config.data)
     hardware = config.hardware or Hardware()
@@ -353,13 +353,13 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
 
     from steps.data.mixture import load_data_config
     from steps.files import write_file
+    from steps.models import to_levanter
     from steps.training.levanter_fixes import (
         fix_eval_tag_arrays,
         fix_mixtral_jit_log,
         keep_alive_while_evaluating,
         time_restores,
     )
-    from steps.training.models import to_levanter
 
     out = config.output
     checkpoints = os.path.join(out, "checkpoints")
@@ -369,7 +369,7 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
     if config.vocab_size is not None and config.vocab_size != vocab:
         raise ValueError(f"vocab_size {config.vocab_size} does not match the tokenizer's {vocab} tokens")
     model = to_levanter(config.model, config.seq_len, data.tokenizer)
-    if config.model.family == "mixtral":
+    if family(config.model.family).logs_in_loss:
         fix_mixtral_jit_log()
     fix_eval_tag_arrays()
     keep_alive_while_evaluating()
@@ -396,8 +396,6 @@ def train_moe(config: TrainMoeConfig) -> dict[str, Any]:
     if config.init_from is not None and latest_step(checkpoints)[1] is None:
         # A branch's first attempt starts from its trunk's checkpoint (Levanter's initialize_from:
         # used only while the branch has no checkpoint of its own, so a resume takes its own).
-        from steps.evaluation.follow import wait_for_checkpoint
-
         branch = wait_for_checkpoint(config.init_from, config.init_step)
     if not _ONE_TRAINING.acquire(blocking=False):
         print("train_moe: waiting for another training in this process to finish", flush=True)
@@ -441,7 +439,7 @@ def plan_warnings(config: TrainMoeConfig) -> list[str]:
     if spec is not None and gathered > spec.memory / 10:
         said.append(
             f"every device holds all {config.model.num_experts} experts of the layer it computes "
-            f"({readable_bytes(gathered)} a layer, {gathered / spec.memory:.0%} of a {spec.name}; "
+            f"({format_size(gathered)} a layer, {gathered / spec.memory:.0%} of a {spec.name}; "
             "Levanter's MoE layer gathers them), which the memory estimate leaves out: "
             "`drydock plan --compile` shows what the program needs"
         )

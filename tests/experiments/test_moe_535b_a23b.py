@@ -138,7 +138,7 @@ def test_the_schedule_and_model_follow_the_published_run():
     # The widths solved from the published totals (the recipe's docstring), and the counts read
     # from the model's own shapes to the parameter: a width off by one moves them by millions.
     assert (model.expert_intermediate_dim, model.shared_expert_intermediate_dim) == (1540, 3264)
-    from steps.training.models import parameter_counts
+    from steps.models import parameter_counts
 
     assert parameter_counts(model, recipe_file.VOCAB_SIZE) == (535_079_522_304, 22_781_988_864)
 

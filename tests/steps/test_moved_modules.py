@@ -1,8 +1,12 @@
-"""Manifests recorded before the step library had folders (`steps.train_moe:TrainMoeConfig`, ...)
-rebuild the same steps: `steps.MOVED` keeps the flat module paths importable.
+"""Manifests recorded by earlier layouts of the step library rebuild the same steps: before it had
+folders (`steps.train_moe:TrainMoeConfig`, ...), and before the models moved to `steps/models` and
+each step kind's config to a module of its own (`steps.training.models:MoeModelConfig`,
+`steps.data.dedupe:DedupeConfig`, ...). `steps.MOVED` keeps the old module paths importable, and
+a module a class left still holds it by name.
 
-The fixture holds the recipes of three experiments as the code at commit 9e4b937 (the last with
-the flat layout) recorded them: tiny_moe, the hero recipe and the scaling sweep."""
+The fixtures hold the recipes of three experiments as the code recorded them at commit 9e4b937
+(the last with the flat layout) and at 264e513 (the last with the models under steps/training):
+tiny_moe, the hero recipe and the scaling sweep."""
 
 from __future__ import annotations
 
@@ -17,18 +21,29 @@ from pipeline.run.recipe import recipe_entries, steps_from_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 # Recorded in a checkout at another path: its inputs' roots are written `@ROOT@` there.
-RECORDED = json.loads(
-    gzip.decompress((Path(__file__).parent / "fixtures" / "flat_module_manifests.json.gz").read_bytes())
-    .decode()
-    .replace("@ROOT@", str(ROOT))
-)
 
 
-@pytest.mark.parametrize("experiment", sorted(RECORDED))
-def test_a_manifest_with_the_flat_module_paths_rebuilds_the_same_identities(experiment):
-    manifest = RECORDED[experiment]
-    flat = {ref.split(":")[0] for ref in _references(manifest)}
-    assert any(module.count(".") == 1 for module in flat), "the fixture holds flat paths"
+def _recorded(name: str) -> dict:
+    fixture = Path(__file__).parent / "fixtures" / f"{name}_module_manifests.json.gz"
+    return json.loads(gzip.decompress(fixture.read_bytes()).decode().replace("@ROOT@", str(ROOT)))
+
+
+RECORDED = {
+    (layout, experiment): manifest
+    for layout in ("flat", "folder")
+    for experiment, manifest in _recorded(layout).items()
+}
+OLD_PATH = {
+    "flat": lambda module: module.count(".") == 1,  # steps.train_moe
+    "folder": lambda module: module == "steps.training.models",
+}
+
+
+@pytest.mark.parametrize(("layout", "experiment"), sorted(RECORDED))
+def test_a_manifest_with_old_module_paths_rebuilds_the_same_identities(layout, experiment):
+    manifest = RECORDED[layout, experiment]
+    recorded = {ref.split(":")[0] for ref in _references(manifest)}
+    assert any(OLD_PATH[layout](module) for module in recorded), "the fixture holds the old paths"
     _steps, roots = steps_from_manifest(manifest)
     dag = build_dag(roots, "gs://bucket/runs")
     assert sorted(dag.nodes) == sorted(step["label"] for step in manifest["steps"])

@@ -23,7 +23,7 @@ from typing import Any
 from pipeline import Step, this_output
 from steps.data.mixture import mixture_step
 from steps.data.tokenize import tokenize_step
-from steps.training.models import TINY_MOE
+from steps.models import TINY_MOE
 from steps.training.train_moe import OptimizerSpec, train_moe_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -97,7 +97,7 @@ def declared_training(num_steps: int = 40, **options: Any) -> Step:
 EXPERIMENT = """
 from pipeline import executor_main
 from steps.evaluation.evaluate import evaluate_step
-from steps.training.models import MoeModelConfig
+from steps.models import MoeModelConfig
 from steps.training.train_moe import OptimizerSpec
 from tests.steps.tiny import mix, train
 

@@ -5,7 +5,7 @@
 import dataclasses
 
 from pipeline import executor_main
-from steps.training.models import TINY_MOE
+from steps.models import TINY_MOE
 from tests.steps.tiny import train
 
 model = dataclasses.replace(

@@ -5,7 +5,7 @@
 import dataclasses
 
 from pipeline import executor_main
-from steps.training.models import TINY_MOE
+from steps.models import TINY_MOE
 from tests.steps.tiny import train
 
 step = train(model=dataclasses.replace(TINY_MOE, family="drydock_moe", sliding_window=0, global_every=2))

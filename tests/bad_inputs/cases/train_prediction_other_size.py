@@ -3,9 +3,9 @@
 # expect: step 'train/tiny', field `prediction`: 'scaling/ladder' predicts 'd128' (N=
 # args:
 from pipeline import executor_main
+from steps.models import tiny_moe
 from steps.scaling.fit import ScalingPoint, scaling_fit_step
 from steps.scaling.prediction import predicted_by
-from steps.training.models import tiny_moe
 from tests.steps.tiny import train
 
 ladder = scaling_fit_step(

@@ -13,7 +13,7 @@ from pipeline.run.executor import RunReport
 from pipeline.run.hooks import step_previews
 from steps.data.mixture import load_data_config, mixture_step
 from steps.data.tokenize import tokenize_step
-from steps.training.models import TINY_MOE
+from steps.models import TINY_MOE
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -76,7 +76,7 @@ def test_tokenize_then_mix_with_a_preview_in_the_plan(tmp_path):
 
 
 def test_the_plan_shows_training_parameters_and_tokens_before_any_data_exists(tmp_path):
-    from steps.training.models import MoeModelConfig, parameter_counts
+    from steps.models import MoeModelConfig, parameter_counts
     from steps.training.train_moe import train_moe_step
 
     model = MoeModelConfig(hidden_dim=64, expert_intermediate_dim=128, num_experts=8, num_experts_per_token=2)

@@ -238,8 +238,8 @@ def test_the_plan_says_what_each_task_holds_for_the_corpus_given():
     config = DedupeConfig(inputs=[], output="x", grouping="components", band_parts=8, documents=10**8)
     shown = preview(config)
     assert "9 bands of 13 values (threshold 0.8) and the exact pass, 8 part(s) each: 80 tasks" in shown
-    # 16 bytes a document of the part: 1e8 / 8 x 16 bytes = 0.19 GiB
-    assert "memory for 100,000,000 documents: a band part 0.2 GiB and 512 bytes per candidate" in shown
+    # 16 bytes a document of the part: 1e8 / 8 x 16 bytes = 190.7 MiB
+    assert "memory for 100,000,000 documents: a band part 190.7 MiB and 512 bytes per candidate" in shown
     assert "documents=N" in preview(DedupeConfig(inputs=[], output="x"))
 
 

@@ -13,7 +13,7 @@ from pipeline.processes import current_owner
 from pipeline.storage.opening import open_storage
 from pipeline.storage.step_store import StepStore
 from steps.evaluation.follow import FollowSettings, check_follow, follow_checkpoints, read_step_results
-from steps.training.models import TINY_MOE
+from steps.models import TINY_MOE
 from steps.training.train_moe import train_moe_step
 from tests.pipeline.stepfns import WriteConfig, write_value
 from tests.steps.tiny import declared_training

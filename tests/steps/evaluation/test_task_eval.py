@@ -36,7 +36,7 @@ from pipeline import executor_main
 from steps.evaluation.demo_tasks import demo_task
 from steps.evaluation.evaluate import evaluate_step
 from steps.evaluation.task_eval import task_eval_step
-from steps.training.models import TINY_MOE
+from steps.models import TINY_MOE
 from tests.steps.tiny import ROOT, mix, train
 
 data = mix("mixture/test", steps=40, validation=["prose", "arithmetic"])

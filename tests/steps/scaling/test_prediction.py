@@ -19,6 +19,7 @@ import pytest
 from pipeline import StepDeclarationError
 from pipeline.core.dag import build_dag
 from pipeline.core.figures import live_figures, prediction_text
+from steps.models import TINY_MOE, tiny_moe
 from steps.scaling.fit import (
     ScalingFitConfig,
     ScalingPoint,
@@ -37,7 +38,6 @@ from steps.scaling.prediction import (
     resolve_curve,
 )
 from steps.training.metrics import read_events, read_metrics
-from steps.training.models import TINY_MOE, tiny_moe
 from tests.steps.tiny import train
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -249,7 +249,7 @@ import json
 from pipeline import executor_main
 from steps.scaling.prediction import predicted_by
 from steps.scaling.fit import ScalingPoint, scaling_fit_step
-from steps.training.models import TINY_MOE, tiny_moe
+from steps.models import TINY_MOE, tiny_moe
 from steps.training.train_moe import OptimizerSpec
 from tests.steps.tiny import mix, train
 

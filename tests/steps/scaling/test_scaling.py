@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from pipeline import StepDeclarationError
+from steps.models import MoeModelConfig, parameter_counts, tiny_moe
 from steps.scaling.fit import (
     ScalingFitConfig,
     ScalingPoint,
@@ -28,7 +29,6 @@ from steps.scaling.law import (
     prediction_error,
     prediction_interval,
 )
-from steps.training.models import MoeModelConfig, parameter_counts, tiny_moe
 
 TRUE = LawFit.of("chinchilla", E=1.6, A=400.0, alpha=0.45, B=1500.0, beta=0.4)
 # A law with an N x D interaction: data and parameters share one bracket.

@@ -20,7 +20,7 @@ STEPS = 400
 
 DECLARED = """
 from pipeline import Resources, Step, executor_main, this_output
-from steps.training.models import MoeModelConfig
+from steps.models import MoeModelConfig
 from steps.training.train_moe import train_moe_step
 from tests.pipeline.stepfns import WriteConfig, write_value
 

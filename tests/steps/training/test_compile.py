@@ -28,7 +28,7 @@ import os
 from pipeline import Resources, executor_main
 from steps.data.mixture import mixture_step
 from steps.data.tokenize import tokenize_step
-from steps.training.models import TINY_MOE, MoeModelConfig
+from steps.models import TINY_MOE, MoeModelConfig
 from steps.training.train_moe import MeshSpec, train_moe_step
 
 def tok(domain):

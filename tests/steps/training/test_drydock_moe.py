@@ -18,9 +18,9 @@ from haliax import Axis
 from levanter.layers.attention import Attention, AttentionMask
 
 from pipeline import StepDeclarationError
-from steps.training.drydock_moe import DrydockMoeBlock, DrydockMoeLMHeadModel
-from steps.training.drydock_moe_export import export_model, levanter_config, load_export
-from steps.training.models import MoeModelConfig, parameter_counts
+from steps.models import MoeModelConfig, parameter_counts
+from steps.models.drydock_moe import DrydockMoeBlock, DrydockMoeLMHeadModel
+from steps.models.drydock_moe_export import export_model, levanter_config, load_export
 
 SPEC = MoeModelConfig(
     family="drydock_moe",
@@ -156,7 +156,7 @@ def test_the_moe_block_equals_a_per_token_loop_over_its_chosen_and_shared_expert
 def test_padding_the_expert_groups_for_tpus_changes_neither_outputs_nor_gradients(monkeypatch):
     # 6 experts (not a power of two): on a TPU the groups are padded to 8 with empty ones, which
     # libtpu needs for the hero's 384; here the TPU path is taken on the CPU and compared.
-    import steps.training.drydock_moe as family
+    import steps.models.drydock_moe as family
 
     block = DrydockMoeBlock.init(config(num_experts=6), key=jax.random.PRNGKey(7))
     x = hidden(8)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline import Resources, StepDeclarationError
+from steps.models import MoeModelConfig, parameter_counts
 from steps.training.estimates import (
     ACCELERATORS,
     GIB,
@@ -16,7 +17,6 @@ from steps.training.estimates import (
     training_seconds,
 )
 from steps.training.mesh import MeshSpec
-from steps.training.models import MoeModelConfig, parameter_counts
 
 # A small model whose numbers are easy to follow by hand.
 MODEL = MoeModelConfig(
@@ -79,8 +79,9 @@ def test_the_plan_shows_the_layout_memory_and_time():
     memory = memory_per_device(MODEL, VOCAB, 16, 32, MeshSpec(data=2, tensor=2, expert=2), 8, "bf16")
     assert shown["memory per device"] == (
         f"{memory['total'] / 2**20:.1f} MiB of 131.3 GiB (0%): state {memory['state'] / 2**20:.1f} MiB, "
-        f"activations {memory['activations'] / 2**20:.1f} MiB"
+        f"activations {memory['activations'] / 2**10:.1f} KiB"  # under a MiB: in KiB
     )
+    assert memory["activations"] < 2**20 <= memory["state"]
     assert shown["time"] == "0 min at 40% MFU"
 
 

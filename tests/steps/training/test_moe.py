@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from steps.training.models import MoeModelConfig, parameter_counts, to_levanter
+from steps.models import MoeModelConfig, parameter_counts, to_levanter
 
 
 def levanter_count(model: MoeModelConfig, vocab: int) -> int:

@@ -51,7 +51,7 @@ EXPERIMENT = """
 import os
 from pipeline import Resources, Step, executor_main, versioned
 from steps.data.mixture import mixture_step
-from steps.training.models import TINY_MOE, MoeModelConfig
+from steps.models import TINY_MOE, MoeModelConfig
 from steps.data.tokenize import tokenize_step
 from steps.training.train_moe import MeshSpec, OptimizerSpec, SpikePolicy, train_moe_step
 from tests.steps.gangfns import HangingTrainConfig, PoisonedTrainConfig, hanging_train, poisoned_train

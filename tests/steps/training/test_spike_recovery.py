@@ -27,7 +27,7 @@ EXPERIMENT = """
 import os
 from pipeline import executor_main
 from steps.data.mixture import mixture_step
-from steps.training.models import TINY_MOE
+from steps.models import TINY_MOE
 from steps.data.tokenize import tokenize_step
 from steps.training.train_moe import OptimizerSpec, SpikePolicy, train_moe_step
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from steps.models import MoeModelConfig, parameter_counts
 from steps.training.metrics import read_metrics
-from steps.training.models import MoeModelConfig, parameter_counts
 from tests.steps.tiny import (
     DRYDOCK,
     QWEN,

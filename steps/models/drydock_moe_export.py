@@ -1,6 +1,7 @@
-"""The drydock_moe family from outside the model (`steps.training.drydock_moe`): Drydock's
+"""The drydock_moe family from outside the model (`steps.models.drydock_moe`): Drydock's
 `MoeModelConfig` as the family's Levanter config, the parameters counted from the model's own
-shapes, and the export of a checkpoint as safetensors + config.json (and loading it back)."""
+shapes, and the export of a model as safetensors + config.json (and loading it back;
+`steps.training.checkpoints.export_checkpoint` exports a training's checkpoint)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,15 @@ import dataclasses
 import json
 import os
 
-import haliax as hax
 import jax.random as jrandom
 from haliax import Axis
 
-from steps.training.drydock_moe import DrydockMoeConfig, DrydockMoeLMHeadModel, counted_parameters_of
-from steps.training.models import MoeModelConfig
+from steps.models.config import MoeModelConfig
+from steps.models.drydock_moe import DrydockMoeConfig, DrydockMoeLMHeadModel, counted_parameters_of
 
 __all__ = [
     "EXPORT_FORMAT",
     "counted_parameters",
-    "export_checkpoint",
     "export_model",
     "levanter_config",
     "load_export",
@@ -64,29 +63,6 @@ def counted_parameters(model: MoeModelConfig, vocab_size: int) -> tuple[int, int
 EXPORT_FORMAT = "drydock_moe/1"
 
 
-def export_checkpoint(
-    train: str,
-    checkpoint: str,
-    spec: MoeModelConfig,
-    vocab_size: int,
-    directory: str,
-    *,
-    leader: bool = True,
-) -> str:
-    """Export the model of `checkpoint` (of training output `train`) into `directory`. In a gang,
-    every process calls it (loading and gathering the shards are collectives); the `leader` writes."""
-    from levanter.trainer import TrainerConfig
-
-    from steps.training.checkpoints import load_inference_model
-
-    trainer = TrainerConfig(require_accelerator=False)
-    params = trainer.parameter_axis_mapping
-    with hax.partitioning.set_mesh(trainer.device_mesh), hax.axis_mapping(params):
-        model = load_inference_model(train, checkpoint, vocab_size, params)
-        export_model(model, spec, directory, leader=leader)
-    return directory
-
-
 def export_model(
     model: DrydockMoeLMHeadModel, spec: MoeModelConfig, directory: str, *, leader: bool = True
 ) -> None:
@@ -116,7 +92,7 @@ def export_model(
             {"index": i, "attention": "global" if (i + 1) % spec.global_every == 0 else "local"}
             for i in range(spec.num_layers)
         ],
-        "load": "steps.training.drydock_moe_export.load_export(directory) rebuilds the model; no "
+        "load": "steps.models.drydock_moe_export.load_export(directory) rebuilds the model; no "
         "Hugging Face architecture holds shared experts, windowed local layers with their own KV "
         "heads and a balancing bias together",
     }

@@ -76,7 +76,7 @@ class _NoHuggingFace:
         raise NotImplementedError(
             "no Hugging Face architecture has shared experts, sliding-window local layers with their own "
             "KV heads and a balancing bias together: drydock_moe exports safetensors and a config.json "
-            "(steps.training.drydock_moe_export.export_model)"
+            "(steps.models.drydock_moe_export.export_model)"
         )
 
 

@@ -1,0 +1,52 @@
+"""What Levanter's own MoE families (qwen3_moe, mixtral) share: their parameter count, by
+arithmetic (the tests check it against the models Levanter builds), and the fields of their
+Levanter configs that mean the same thing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from steps.models.config import MoeModelConfig
+
+
+def counted(model: MoeModelConfig, vocab_size: int, *, qk_norm: bool) -> tuple[int, int]:
+    """(total, active) of a Levanter MoE: attention (with QK norm's two weights when `qk_norm`),
+    router, experts of three matrices, one dense shared expert if any, two norms a layer."""
+    d, layers = model.hidden_dim, model.num_layers
+    h, kv, hd = model.num_heads, model.num_kv_heads, model.actual_head_dim
+    experts, k, m = model.num_experts, model.num_experts_per_token, model.expert_intermediate_dim
+    norm = d  # RMSNorm weight
+    attention = d * hd * (h + 2 * kv) + h * hd * d  # q, k, v, o
+    if qk_norm:
+        attention += 2 * hd
+    router = d * experts
+    expert = 3 * d * m  # gate, up, down
+    shared = 3 * d * m if model.num_shared_experts else 0
+    layer = attention + router + experts * expert + shared + 2 * norm
+    embed = vocab_size * d
+    head = 0 if model.tie_embeddings else vocab_size * d
+    total = layers * layer + norm + embed + head
+    active = total - layers * (experts - k) * expert
+    return total, active
+
+
+def common_fields(model: MoeModelConfig, seq_len: int, tokenizer: str | None) -> dict[str, Any]:
+    """The Levanter config fields every MoE family (Levanter's and Drydock's) takes alike."""
+    from levanter.layers.rotary import DefaultRotaryEmbeddingsConfig
+
+    return dict(
+        max_seq_len=seq_len,
+        hidden_dim=model.hidden_dim,
+        num_layers=model.num_layers,
+        num_heads=model.num_heads,
+        num_kv_heads=model.num_kv_heads,
+        tie_word_embeddings=model.tie_embeddings,
+        rope=DefaultRotaryEmbeddingsConfig(theta=model.rope_theta),
+        tokenizer=tokenizer,
+    )
+
+
+def check_heads(model: MoeModelConfig, *, free_head_dim: bool) -> None:
+    """hidden_dim must split into the heads unless the family takes its own head_dim and one is set."""
+    if model.hidden_dim % model.num_heads and not (free_head_dim and model.head_dim is not None):
+        raise ValueError(f"model.num_heads: {model.num_heads} does not divide hidden_dim {model.hidden_dim}")

@@ -1,0 +1,9 @@
+"""Where the moved names live now."""
+
+
+class Config:
+    pass
+
+
+class Renamed:
+    pass
