@@ -11,7 +11,10 @@ A run that runs nothing (every step cached) writes steps that depend only on the
 manifest records a digest of everything they were encoded from (`steps_digest`): the next such
 run, finding the same digest in the manifest it replaces, copies that manifest's steps instead of
 encoding 10,000 recipes again (the largest part of a cached rerun, measured in
-`benchmarks/engine.py`).
+`benchmarks/engine.py`). The first such run after a run that ran steps cannot copy whole lines
+(their states and timings differ), but their recipes are what it would encode: every finished
+manifest records a digest of what the recipes were encoded from (`recipes_digest`, the same parts
+as `steps_digest` without the plan), and a run finding its own copies each step's recipe.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ from pipeline.storage.manifests import encode_lines, encoded_head, steps_checksu
 __all__ = ["CHECKSUM", "ManifestBuilder"]
 
 CHECKSUM = "steps_crc32"
-"""The head field of a manifest with a `steps_digest`: the CRC-32 of its steps as written."""
+"""The head field of a finished manifest (one with a `recipes_digest`): the CRC-32 of its steps as
+written, so that only bytes no one edited are copied."""
 
 
 class ManifestBuilder:
@@ -103,41 +107,53 @@ class ManifestBuilder:
             "finished": report is not None,
             "exit_code": report.exit_code if report is not None else None,
         }
-        digest = self._steps_digest() if report is not None and _ran_nothing(report) else None
+        recipes_digest, digest = self._digests(plan=report is not None and _ran_nothing(report))
+        if report is None:
+            recipes_digest = None  # the manifest a run starts with is replaced when it ends
+        copied: list[tuple[str, str]] | None = None
+        if recipes_digest is not None:
+            head["recipes_digest"] = recipes_digest
         if digest is not None:
             head["steps_digest"] = digest
             before = previous() if previous is not None else None
             checksum = _copyable(before, digest) if before is not None else None
             if before is not None and checksum is not None:
                 return with_head({**head, CHECKSUM: checksum, **self._tail}, before)
+            if before is not None and recipes_digest is not None and self._static is None:
+                copied = _copied_lines(before, recipes_digest, len(self._labels))
             del before  # 10 MB for 10,000 steps: not kept while the steps are encoded
         if self._static is None and not last:
             self._static = list(self._statics())
-        statics = self._static if self._static is not None else self._statics()
+        statics = self._static if self._static is not None else self._statics(copied)
         lines = (
             (static, b", ", json.dumps(_outcome(label, planned, report), default=str)[1:].encode())
             for static, (label, planned) in zip(statics, self._labels, strict=True)
         )
-        return encode_lines({**head, **self._tail}, lines, checksum=CHECKSUM if digest is not None else None)
+        checksum_field = CHECKSUM if recipes_digest is not None else None
+        return encode_lines({**head, **self._tail}, lines, checksum=checksum_field)
 
-    def _steps_digest(self) -> str | None:
-        """A digest of everything the steps of a run that ran nothing are encoded from, or None
-        where a step's drift digest is not known (the caller gave none).
+    def _digests(self, *, plan: bool) -> tuple[str | None, str | None]:
+        """Digests of everything the steps are encoded from: (`recipes_digest`, everything but
+        the plan: a run's steps and the cached rerun after it share all but their plan and
+        outcome; `steps_digest`, with the plan, when `plan`), or (None, None) where a step's
+        drift digest is not known (the caller gave none).
 
         Per step: label, identity (name, version, versioned values, inputs), drift digest (its
         config as plain JSON, with every field, versioned or not, upstream labels, and its code),
-        plan, function, description, resources, how its inputs are referenced (by object or name,
+        function, description, resources, how its inputs are referenced (by object or name,
         blocking or not, in identity or not), and the types its plain form does not name
-        (`ConfigRefs.kinds`); for all steps: the experiment file, and the source of the code that
-        encodes them."""
+        (`ConfigRefs.kinds`), then its plan; for all steps: the prefix (output paths are under
+        it), the experiment file, and the source of the code that encodes them."""
         if self._drift is None:
-            return None
-        plan, dag = self._plan.steps, self._plan.dag
-        parts = [_encoder_fingerprint(), self._tail["source_file"] or ""]
+            return None, None
+        steps, dag = self._plan.steps, self._plan.dag
+        common = [_encoder_fingerprint(), self._tail["source_file"] or "", dag.prefix]
+        parts: list[str] = []
+        planned: list[str] = []
         fn_paths: dict[int, str] = {}  # most steps share a function
         drift = self._drift
         for label, node in dag.nodes.items():
-            step, sp = node.step, plan[label]
+            step = node.step
             fn = fn_paths.get(id(step.fn)) or fn_paths.setdefault(id(step.fn), fn_import_path(step.fn))
             resources = step.resources
             # How each input is referenced; what it points at is in the identity and drift text.
@@ -147,36 +163,95 @@ class ManifestBuilder:
             )
             parts.append(
                 f"{label}\t{node.identity.hash}\t{drift.get(label) or drift_digest_of(dag, label)}\t"
-                f"{sp.state.value}\t{sp.reason!r}\t{fn}\t{step.description!r}\t"
+                f"{fn}\t{step.description!r}\t"
                 f"{'' if resources == _DEFAULT_RESOURCES else repr(resources)}\t{inputs}\t"
                 f"{_kinds_text(node.refs.kinds)}"
             )
-        return hashlib.sha256("\n".join(parts).encode("utf-8", "surrogatepass")).hexdigest()
+            if plan:
+                sp = steps[label]
+                planned.append(f"{sp.state.value}\t{sp.reason!r}")
+        recipes = _sha256("\n".join(["recipes", *common, *parts]))
+        if not plan:
+            return recipes, None
+        return recipes, _sha256("\n".join(["steps", *common, *parts, *planned]))
 
-    def _statics(self) -> Iterator[bytes]:
+    def _statics(self, copied: list[tuple[str, str]] | None = None) -> Iterator[bytes]:
         """Each step's unchanging fields, its recipe encoded as it comes (the recipes of a large
-        DAG never all exist as objects at once)."""
+        DAG never all exist as objects at once), or taken from `copied`: each step's fields
+        before its plan and its recipe, as JSON text cut from the manifest of the run before,
+        in the order of the steps (`_copied_lines`)."""
         plan, dag = self._plan, self._plan.dag
+        if copied is not None:
+            for label, (before, recipe) in zip(dag.nodes, copied, strict=True):
+                sp = plan.steps[label]
+                planned = f'{_PLANNED_KEY}"{sp.state.value}", "reason": {json.dumps(sp.reason)}'
+                yield "".join((before, planned, _RECIPE_KEY, recipe)).encode()
+            return
         if self._recipes is None:
             entries = iter_recipes(dag, self._source_file)
         else:
             entries = ((label, self._recipes[label]) for label in dag.nodes)
         # iter_recipes yields in the order of dag.nodes.
         for (label, node), (_, recipe) in zip(dag.nodes.items(), entries, strict=True):
-            entry = {
-                "name": node.name,
-                "label": label,
-                "hash": node.identity.hash,
-                "output_path": node.output_path,
-                "fn": fn_import_path(node.step.fn),
-                "deps": list(node.deps),
-                "soft_deps": list(node.soft_deps),
-                "planned": plan.steps[label].state.value,
-                "reason": plan.steps[label].reason,
-                "recipe": recipe,
-            }
+            entry = {**_entry(label, node, plan), "recipe": recipe}
             # Bytes: this JSON is ASCII, and 10,000 steps make a manifest of about 10 MB.
             yield json.dumps(entry, default=str)[:-1].encode()
+
+
+def _entry(label: str, node: Any, plan: Plan) -> dict[str, Any]:
+    """A step's unchanging fields but its recipe, in the order `_statics` writes them."""
+    return {
+        "name": node.name,
+        "label": label,
+        "hash": node.identity.hash,
+        "output_path": node.output_path,
+        "fn": fn_import_path(node.step.fn),
+        "deps": list(node.deps),
+        "soft_deps": list(node.soft_deps),
+        "planned": plan.steps[label].state.value,
+        "reason": plan.steps[label].reason,
+    }
+
+
+_PLANNED_KEY = ', "planned": '
+_RECIPE_KEY = ', "recipe": '
+_DECODER = json.JSONDecoder()
+
+
+def _copied_lines(previous: bytes, digest: str, count: int) -> list[tuple[str, str]] | None:
+    """Each step's fields before its plan, and its recipe, as JSON text cut from `previous`, when
+    its steps were encoded from what `digest` covers and are the bytes written (its checksum);
+    else None.
+
+    A step's line holds its plan and recipe after its name, paths and deps: the first
+    `, "planned": ` and the first `, "recipe": ` of the line are those keys (a quote inside a
+    JSON string is escaped, so no earlier string holds one), and the decoder finds where the
+    recipe ends (what follows, the step's outcome, may hold any key)."""
+    before = encoded_head(previous)
+    if before is None or before.get("recipes_digest") != digest:
+        return None
+    checksum = before.get(CHECKSUM)
+    if checksum is None or checksum != steps_checksum(previous):
+        return None
+    lines = previous.decode().split("\n")[1:-2]  # the head line; the closing `]}` and the end
+    if len(lines) != count:
+        return None
+    copied = []
+    for line in lines:
+        planned = line.find(_PLANNED_KEY)
+        start = line.find(_RECIPE_KEY, planned) + len(_RECIPE_KEY)
+        if planned < 0 or start < len(_RECIPE_KEY):
+            return None
+        try:
+            end = _DECODER.raw_decode(line, start)[1]
+        except ValueError:
+            return None
+        copied.append((line[:planned], line[start:end]))
+    return copied
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _copyable(previous: bytes, digest: str) -> int | None:

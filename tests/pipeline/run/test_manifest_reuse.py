@@ -1,6 +1,7 @@
 """A run that runs nothing copies the steps of the manifest it replaces when they are what it
-would encode (`pipeline.run.manifest.ManifestBuilder`), and encodes them whenever anything they
-are made from differs."""
+would encode (`pipeline.run.manifest.ManifestBuilder`), or their recipes when only their states
+differ (the first cached rerun after a run), and encodes them whenever anything they are made from
+differs."""
 
 from __future__ import annotations
 
@@ -16,8 +17,12 @@ from pipeline.storage.manifests import encoded_head, with_head
 from tests.pipeline.stepfns import WriteConfig, write_value
 
 
-def steps(log_every: int = 10, sleep: float | int = 0.0, as_tuple: bool = False) -> list[Step]:
-    a = Step("r/a", write_value, WriteConfig(output=this_output(), value=versioned(1), sleep=sleep))
+def steps(
+    log_every: int = 10, sleep: float | int = 0.0, as_tuple: bool = False, name: str = "write"
+) -> list[Step]:
+    a = Step(
+        "r/a", write_value, WriteConfig(output=this_output(), value=versioned(1), sleep=sleep, name=name)
+    )
     inputs = [output_of(a)]
     b = Step(
         "r/b",
@@ -58,17 +63,53 @@ def encodings(monkeypatch) -> list[int]:
     return calls
 
 
+def full_encoding(report) -> bytes:
+    """The steps of `report`'s manifest encoded from nothing (no manifest to copy from)."""
+    encoded = ManifestBuilder(report.plan, "x", "", "run", {}).encode(report, last=True)
+    return encoded[encoded.index(b"\n") :]
+
+
+@pytest.mark.parametrize("name", ["write", 'a "quoted", "recipe": {"state": 1} name'])
+def test_the_first_cached_rerun_after_a_run_copies_its_recipes(tmp_path, monkeypatch, name):
+    """The run's manifest records what its recipes were encoded from; the cached rerun after it
+    cuts each step's recipe out of it instead of encoding them, and writes the same bytes
+    encoding would (a field holding `"recipe": ` text included)."""
+    config = ExecutorMainConfig(prefix=str(tmp_path / "p"), backend="local", log_level="WARNING")
+    assert run_experiment(steps(name=name), config).ok
+    _, after_run = manifest_of(Path(config.prefix))
+    assert len(after_run["recipes_digest"]) == 64 and "steps_digest" not in after_run
+    calls = encodings(monkeypatch)
+    report = run_experiment(steps(name=name), config)
+    assert report.ok
+    first, parsed = manifest_of(Path(config.prefix))
+    assert calls == []  # cut from the run's manifest, not encoded
+    assert parsed["recipes_digest"] == after_run["recipes_digest"]
+    assert [s["recipe"] for s in parsed["steps"]] == [s["recipe"] for s in after_run["steps"]]
+    assert parsed["steps"][0]["recipe"]["config"]["fields"]["name"] == name
+    assert first[first.index(b"\n") :] == full_encoding(report)
+
+
+def test_recipes_edited_in_the_runs_manifest_are_not_copied(config, monkeypatch):
+    (path,) = (Path(config.prefix) / "experiments").glob("*.json")
+    data = path.read_bytes()
+    path.write_bytes(data.replace(b'"log_every": 10', b'"log_every": 77', 1))  # same shape and digest
+    calls = encodings(monkeypatch)
+    assert run_experiment(steps(), config).ok
+    assert calls == [1]
+    assert b'"log_every": 77' not in path.read_bytes()
+
+
 def test_a_second_cached_rerun_copies_the_steps_the_first_encoded(config, monkeypatch):
     prefix = Path(config.prefix)
     calls = encodings(monkeypatch)
     assert run_experiment(steps(), config).ok
     first, parsed_first = manifest_of(prefix)
-    assert calls == [1] and len(parsed_first["steps_digest"]) == 64
+    assert calls == [] and len(parsed_first["steps_digest"]) == 64  # its recipes: the run's
     assert [s["state"] for s in parsed_first["steps"]] == ["CACHED", "CACHED"]
 
     assert run_experiment(steps(), config).ok
     second, parsed_second = manifest_of(prefix)
-    assert calls == [1]  # copied, not encoded
+    assert calls == []  # copied whole
     assert parsed_second["run_id"] != parsed_first["run_id"]
     assert parsed_second["steps_digest"] == parsed_first["steps_digest"]
     # The steps are the same bytes, and the same as encoding them again would give.
