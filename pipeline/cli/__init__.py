@@ -57,7 +57,7 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         "status",
-        "pipeline.cli.look",
+        "pipeline.cli.views",
         "status_command",
         "drydock status FILE|MANIFEST [--watch] [--interval S] [--wait S] [--json] [options]",
         "show what storage says about each step of FILE now\n"
@@ -73,21 +73,21 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         "dag",
-        "pipeline.cli.look",
+        "pipeline.cli.views",
         "dag_command",
         "drydock dag FILE|MANIFEST [--format mermaid|dot|svg|html] [--output PATH]",
         "draw the DAG with each step's state as a colour (default: Mermaid on stdout)",
     ),
     Command(
         "explain",
-        "pipeline.cli.look",
+        "pipeline.cli.views",
         "explain_command",
         "drydock explain FILE|MANIFEST STEP [options]",
         "say what STEP's identity is made of, and what differs in its other runs under the prefix",
     ),
     Command(
         "data",
-        "pipeline.cli.look",
+        "pipeline.cli.views",
         "data_command",
         "drydock data FILE|MANIFEST STEP [--samples N] [--reason R] [--json] [options]",
         "what a curation step removed and why, per reason with sampled documents (text escaped,\n"

@@ -19,8 +19,8 @@ from types import MappingProxyType
 from typing import Any
 
 from pipeline.core import graph
+from pipeline.core.collector import collector_paused
 from pipeline.core.configs import ConfigRefs, collect_refs, resolve_config
-from pipeline.core.heap import collector_paused
 from pipeline.core.identity import (
     HASH_CHARS,
     NAME_PART,

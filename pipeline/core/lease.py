@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from pipeline.core.numbers import usable_time
+from pipeline.core.usable_numbers import usable_time
 
 __all__ = [
     "CLOCK_SKEW",

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core.lease import LeaseRecord, is_stale
-from pipeline.core.numbers import usable_time
+from pipeline.core.usable_numbers import usable_time
 from pipeline.errors import StorageError
 
 __all__ = [

@@ -27,13 +27,13 @@ from rich.table import Table
 from rich.text import Text
 
 from pipeline.core.dag import Dag
-from pipeline.core.figures import figures_text, live_figures
 from pipeline.core.ledger import StepLedger
-from pipeline.core.numbers import finite_number
 from pipeline.core.records import ANNOUNCES_START, Event, StatusEvent
-from pipeline.observe.live import Shown, live_state, runner_gone
+from pipeline.core.training_figures import figures_text, live_figures
+from pipeline.core.usable_numbers import finite_number
 from pipeline.observe.metrics import read_metrics_tail
 from pipeline.observe.render import label_width
+from pipeline.observe.shown_state import Shown, live_state, runner_gone
 from pipeline.storage.layout import started_path
 from pipeline.storage.opening import map_reads
 from pipeline.storage.step_store import StepStore

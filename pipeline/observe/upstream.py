@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from pipeline.observe.live import live_state, runner_gone
+from pipeline.observe.shown_state import live_state, runner_gone
 from pipeline.processes import host_id
 from pipeline.storage.opening import open_storage
 from pipeline.storage.step_store import StepStore

@@ -1,7 +1,7 @@
 """What a run prints while it runs: one line per state change, and the progress of running steps.
 
 On a terminal the running steps are a live display (rich) under the lines: each with a bar, its
-count, and the figures it reports (`pipeline.core.figures`: loss, tokens/s, ETA, ...), redrawn
+count, and the figures it reports (`pipeline.core.training_figures`: loss, tokens/s, ETA, ...), redrawn
 every second and gone when the run ends. Anywhere else (CI, `| tee`, a file) there are no escape
 codes and no redraws: plain lines, and a running step's progress as a line of its own at most
 every `progress_every` seconds. Lines are written whole under one lock, so lines of steps running
@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from pipeline.core.figures import figures_text, live_figures
+from pipeline.core.training_figures import figures_text, live_figures
 from pipeline.storage.files import Storage
 from pipeline.storage.step_store import StepStore
 

@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
+from pipeline.core.collector import collector_paused
 from pipeline.core.dag import Dag, build_dag
-from pipeline.core.heap import collector_paused
 from pipeline.core.plan import Plan, State, make_plan
 from pipeline.core.prices import price_table
 from pipeline.core.records import Event, StepRecord

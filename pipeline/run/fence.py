@@ -225,7 +225,7 @@ def watch_lease(
     tells, the deadline is `initial` (what the submitter knew); when a read cannot tell or raises
     (storage unreachable), the last deadline stands: it runs out by itself if that lasts. The
     watcher is a daemon thread, stopped on exit. With `gone`, the fence also closes as soon as
-    `gone()` is true, checked at each write (the lease holder has exited: `pipeline.run.worker`).
+    `gone()` is true, checked at each write (the lease holder has exited: `pipeline.run.call_step`).
     """
     deadline = _Deadline(clock)
     deadline.at = initial

@@ -1,5 +1,5 @@
 """A step's output copied into its attempt log, `<output>/.logs/attempt-<token>.log`, while it
-runs and however it ends (`pipeline.run.worker.call_step` uses it).
+runs and however it ends (`pipeline.run.call_step.call_step` uses it).
 
 In a worker process of its own (a Ray worker) the whole process's stdout and stderr are the
 step's: file descriptors 1 and 2 go to a local file that is tee'd to the console and copied to

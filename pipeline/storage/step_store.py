@@ -31,7 +31,6 @@ from typing import Any, TypeVar
 
 from pipeline.core.lease import LeaseRecord, Owner, is_stale
 from pipeline.core.ledger import StepLedger, step_ledger
-from pipeline.core.numbers import finite_number, usable_time
 from pipeline.core.records import (
     ANNOUNCES_START,
     NOTES,
@@ -44,6 +43,7 @@ from pipeline.core.records import (
     may_outlive_runner,
     parse_status,
 )
+from pipeline.core.usable_numbers import finite_number, usable_time
 from pipeline.errors import StorageAccessDenied, StorageError
 from pipeline.processes import pid_alive
 from pipeline.storage.files import Storage

@@ -10,7 +10,7 @@ Three passes:
    (Unicode NFKC, lower case, runs of whitespace as one space) and a MinHash signature of
    `num_perm` values over its word `ngram`s: by default one-permutation MinHash with
    densification, computed for thousands of documents at once in one compiled pass over their
-   bytes (`steps.data.minhash`, `steps.data.kernels`);
+   bytes (`steps.data.minhash`, `steps.data.compiled_loops`);
    `minhash="datasketch"`, one `datasketch.MinHash` per document with `num_perm` permutations,
    is how steps made before that were computed (their recipes still rerun it). A shard's
    signatures are written to `.work/` under the output; a rerun after a kill reuses the

@@ -1,5 +1,5 @@
 """The constants that define the n-gram hashes of `steps.data.minhash`, shared with its compiled
-pass (`steps.data.kernels`): changing one changes every signature, and so every dedupe's result."""
+pass (`steps.data.compiled_loops`): changing one changes every signature, and so every dedupe's result."""
 
 from __future__ import annotations
 

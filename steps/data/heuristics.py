@@ -24,7 +24,7 @@ that rule (`gopher_quality.min_words`, ...), what it measured, and the threshold
 
 Words are the whitespace-separated tokens with a letter or a digit (datatrove splits with a
 language's word tokenizer, so its counts differ a little); beyond ASCII, a character's block says
-whether it is punctuation (`steps.data.kernels.word_stats`). Lines are split at newlines. The
+whether it is punctuation (`steps.data.compiled_loops.word_stats`). Lines are split at newlines. The
 word and n-gram counts are compiled passes over a batch's bytes, the line rules plain Python: the
 step judges 19.5 to 23 MB of text a second a core (`benchmarks/curation_web.py`, four runs;
 datatrove's four filters 0.11).
@@ -132,7 +132,7 @@ STOP_WORDS = frozenset({"the", "be", "to", "of", "and", "that", "have", "with"})
 
 
 def token_hash(token: str) -> int:
-    """The hash `steps.data.kernels.word_stats` gives a token once lower-cased (FNV-1a of its
+    """The hash `steps.data.compiled_loops.word_stats` gives a token once lower-cased (FNV-1a of its
     UTF-8 bytes), for the stop words it counts."""
     h = 0xCBF29CE484222325
     for byte in token.lower().encode("utf-8"):
@@ -249,7 +249,7 @@ def _check_rules(step: str, key: str, rules: Any, kind: type) -> None:
 
 def judge_texts(config: HeuristicsConfig, texts: Sequence[str]) -> list[Removal | None]:
     """The first rule each text fails (None: it passes them all). A batch at once: its words are
-    counted, and their n-grams, in compiled passes (`steps.data.kernels.word_stats` and
+    counted, and their n-grams, in compiled passes (`steps.data.compiled_loops.word_stats` and
     `repetition_counts`); what remains in Python works on lines."""
     stats = WordStats.of(texts, config.gopher_repetition)
     return [_judge(config, text, stats, i) for i, text in enumerate(texts)]
@@ -267,7 +267,7 @@ class WordStats:
     @classmethod
     def of(cls, texts: Sequence[str], repetition: GopherRepetition | None) -> WordStats:
         """The batch's counts (see the class docstring)."""
-        from steps.data.kernels import repetition_counts, word_stats
+        from steps.data.compiled_loops import repetition_counts, word_stats
 
         encoded = [t.encode("utf-8") for t in texts]
         offsets = np.zeros(len(texts) + 1, dtype=np.int64)

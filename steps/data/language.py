@@ -276,10 +276,10 @@ def _tables() -> tuple[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray]:
 def identify(text: str, max_chars: int = 4000) -> tuple[str, float]:
     """(language code, probability) of `text`'s first `max_chars` characters: py3langid's
     `classify` (with normalized probabilities), its byte-by-byte walk compiled
-    (`steps.data.kernels.dfa_visits`; with the weights in float32, about four times faster in
+    (`steps.data.compiled_loops.dfa_visits`; with the weights in float32, about four times faster in
     all); the rest is py3langid's own arithmetic, and the tests check that the two give the same
     answer to the last bit."""
-    from steps.data.kernels import dfa_visits
+    from steps.data.compiled_loops import dfa_visits
 
     identifier = _identifier()
     data = identifier._encode(text[:max_chars].replace("\n", " "))

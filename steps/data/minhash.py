@@ -7,7 +7,7 @@ The dedupe step's signature pass (`steps.data.dedupe`). Two costs dominate a per
 as datasketch's: making a Python string, bytes object and SHA-1 per n-gram, and evaluating
 `num_perm` hash functions on every n-gram. Both are gone here. `sign` (and `signatures`, which
 calls it) computes the signature in one compiled pass over a batch's bytes
-(`steps.data.kernels`); `ngram_hashes` computes the same n-gram hashes in numpy (decontamination
+(`steps.data.compiled_loops`); `ngram_hashes` computes the same n-gram hashes in numpy (decontamination
 uses it, and the tests check the compiled pass against it bit for bit). What is computed:
 
 1. **Shingles.** Every word's hash is a polynomial hash of its bytes (the i-th byte plus one
@@ -136,8 +136,8 @@ def sign(data: np.ndarray, offsets: np.ndarray, *, ngram: int, num_perm: int) ->
     """One-permutation MinHash signatures (uint32, a row per document) of documents given as
     one UTF-8 buffer (`data`, uint8) and `len + 1` offsets into it, each in `normalize`'s form
     (`steps.data.normalized`): the hashes, bins and densification above, in one compiled pass
-    (`steps.data.kernels`)."""
-    from steps.data.kernels import sign_one_permutation
+    (`steps.data.compiled_loops`)."""
+    from steps.data.compiled_loops import sign_one_permutation
 
     probes = _PROBES.get(num_perm)
     if probes is None:

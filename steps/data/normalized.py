@@ -26,10 +26,10 @@ def normalized_bytes(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     `normalize(texts[i]).encode()`.
 
     An ASCII text (most of a web crawl) is only lower-cased and has its whitespace collapsed, and
-    that is done for the whole batch in one compiled pass (`steps.data.kernels.collapse_ascii`);
+    that is done for the whole batch in one compiled pass (`steps.data.compiled_loops.collapse_ascii`);
     other texts are normalized one by one in Python (NFKC and Unicode case and whitespace), after
     which the same pass leaves them as they are."""
-    from steps.data.kernels import collapse_ascii
+    from steps.data.compiled_loops import collapse_ascii
 
     parts = [t if t.isascii() else normalize(t) for t in texts]
     # str.isascii is a flag read, and an ASCII str's length is its UTF-8 length.

@@ -34,10 +34,10 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
-from pipeline.core.figures import FIGURES, figures_text, live_figures
-from pipeline.core.numbers import finite_number, usable_time
 from pipeline.core.prices import price_table
 from pipeline.core.records import StepRecord
+from pipeline.core.training_figures import FIGURES, figures_text, live_figures
+from pipeline.core.usable_numbers import finite_number, usable_time
 from pipeline.errors import StorageError
 from pipeline.observe.dag_render import DagNode, state_color, to_svg
 from pipeline.observe.dashboard import data, is_loopback, step_data
@@ -92,7 +92,7 @@ def _fmt_number(value: Any) -> str:
 def _fmt_progress(progress: data.Progress | None) -> str:
     """`45% · 450 of 1000 steps · loss 2.31 · 24.5k tok/s · ETA 3m12s · ckpt 40s ago`; '' for None.
 
-    A training's live figures (`pipeline.core.figures`) are shown by name; any other number a
+    A training's live figures (`pipeline.core.training_figures`) are shown by name; any other number a
     step reports is shown as `key value`.
     """
     if progress is None:

@@ -28,9 +28,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pipeline.core.drift import MISSING, json_diff
-from pipeline.core.numbers import finite_or_none
 from pipeline.core.records import Event, StatusEvent, StepRecord
-from pipeline.observe import compare, live
+from pipeline.core.usable_numbers import finite_or_none
+from pipeline.observe import compare, shown_state
 from pipeline.observe.dashboard.records import (
     Comparison,
     EvalResults,
@@ -41,7 +41,7 @@ from pipeline.observe.dashboard.records import (
     StepDetail,
     StepRow,
 )
-from pipeline.observe.live import runner_gone
+from pipeline.observe.shown_state import runner_gone
 from pipeline.processes import host_id
 from pipeline.storage.files import Storage
 from pipeline.storage.layout import is_label, step_dir
@@ -218,10 +218,10 @@ def read_run_record(storage: Storage, prefix: str, manifest_id: str, run: str) -
 
 
 def live_state(manifest_state: str, record: StepRecord, stale: bool) -> str:
-    """The state to show for a step of a run (`pipeline.observe.live`): storage's word where it
+    """The state to show for a step of a run (`pipeline.observe.shown_state`): storage's word where it
     has one, the manifest's otherwise. The manifest is written when a run starts and when it ends,
     so during a run it holds planned states (RUN, WAIT); `.status` is updated as steps go."""
-    return live.live_state(record, stale=stale, planned=manifest_state)
+    return shown_state.live_state(record, stale=stale, planned=manifest_state)
 
 
 def read_progress(storage: Storage, directory: str, events: Sequence[StatusEvent]) -> Progress | None:

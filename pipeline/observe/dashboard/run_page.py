@@ -25,8 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.core.numbers import finite_number, usable_time
 from pipeline.core.records import StatusEvent
+from pipeline.core.usable_numbers import finite_number, usable_time
 from pipeline.observe.dashboard.records import Metrics
 from pipeline.storage.files import Storage
 from pipeline.storage.layout import LOGS_DIR, alerts_path, log_token

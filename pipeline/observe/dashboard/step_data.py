@@ -10,8 +10,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pipeline.core.identity import HASH_CHARS
-from pipeline.core.numbers import finite_or_none
 from pipeline.core.records import Event, StepRecord
+from pipeline.core.usable_numbers import finite_or_none
 from pipeline.observe import compare
 from pipeline.observe.dashboard.chart import read_chart
 from pipeline.observe.dashboard.data import NotFound, read_progress
@@ -21,8 +21,8 @@ from pipeline.observe.dashboard.records import (
     StepDetail,
 )
 from pipeline.observe.evidence import EVIDENCE_DIR, DataSample, read_data_sample
-from pipeline.observe.live import runner_gone
 from pipeline.observe.metrics import METRICS_DIR, METRICS_FILE
+from pipeline.observe.shown_state import runner_gone
 from pipeline.processes import host_id
 from pipeline.storage.files import Storage
 from pipeline.storage.layout import LOGS_DIR, is_label, is_payload, log_token, step_dir

@@ -23,8 +23,8 @@ from typing import Any
 from pipeline.core.plan import Plan, State
 from pipeline.errors import StepCancelled, StepDeclarationError
 from pipeline.run.backends.base import Backend, StepTask
+from pipeline.run.call_step import Placement, call_step
 from pipeline.run.fence import Fence, LeaseExpired
-from pipeline.run.worker import Placement, call_step
 from pipeline.storage.layout import LOGS_DIR, log_name
 
 __all__ = ["LocalBackend", "check_declared"]

@@ -88,11 +88,11 @@ from pipeline.run.backends.ray_support import (
     private_ip,
     quiet_auth_notice,
 )
+from pipeline.run.call_step import Placement, call_step, lease_fence
 from pipeline.run.fence import LeaseExpired
 from pipeline.run.gang import ALONE, Gang
 from pipeline.run.options import RayOptions
 from pipeline.run.step_events import StepContext
-from pipeline.run.worker import Placement, call_step, lease_fence
 from pipeline.step import hooks_of
 from pipeline.storage.layout import LOGS_DIR, log_name
 
@@ -139,7 +139,7 @@ def _call_step(
     valid_until: float | None = None,
     label: str = "",
 ) -> None:
-    """Runs on a Ray worker: the step function through `pipeline.run.worker`, fenced by its lease,
+    """Runs on a Ray worker: the step function through `pipeline.run.call_step`, fenced by its lease,
     its output copied to the step's logs."""
     # A segfault's Python stack goes to the worker's stderr (Ray's worker log on that node).
     faulthandler.enable()
@@ -253,7 +253,7 @@ class RayBackend(Backend):
                 )
             self._owns_ray = True
         # A private instance's workers run on this host, where they close their fence as soon as
-        # the driver exits (`pipeline.run.worker`); a cluster's may be anywhere (it may grow, so
+        # the driver exits (`pipeline.run.call_step`); a cluster's may be anywhere (it may grow, so
         # an address counts as a cluster). An instance started before us: by its nodes now.
         self.remote_workers = bool(self._address) or (
             not self._owns_ray and sum(1 for n in ray.nodes() if n.get("Alive")) > 1

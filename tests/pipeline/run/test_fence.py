@@ -19,11 +19,11 @@ from pipeline.errors import StepCancelled
 from pipeline.processes import current_owner, host_id, process_start_time
 from pipeline.run.backends.base import StepTask
 from pipeline.run.backends.local import LocalBackend
+from pipeline.run.call_step import lease_fence
 from pipeline.run.executor import RunReport
 from pipeline.run.fence import Fence, LeaseExpired, fenced_process, fenced_thread, watch_lease
 from pipeline.run.heartbeat import Heartbeat
 from pipeline.run.step_events import StepContext
-from pipeline.run.worker import lease_fence
 from pipeline.step import Resources
 from pipeline.storage.files import LocalStorage
 from pipeline.storage.step_store import Acquired, Held, StepStore

@@ -18,7 +18,7 @@ import pytest
 
 from pipeline import StepDeclarationError
 from pipeline.core.dag import build_dag
-from pipeline.core.figures import live_figures, prediction_text
+from pipeline.core.training_figures import live_figures, prediction_text
 from steps.models import TINY_MOE, tiny_moe
 from steps.scaling.fit import (
     ScalingFitConfig,

@@ -185,8 +185,7 @@ def each_step_once(train: Path) -> None:
 
 
 # See the module docstring: against one process with the gang's devices the losses are the same
-# bit for bit; 1e-5 leaves room for a reduction XLA might one day split differently, and is 1,000x
-# below what a wrong batch, a wrong share of the data or a missed all-reduce does (1e-2 or more).
+# bit for bit; 1e-5 leaves room for a reduction XLA might one day split differently.
 TOLERANCE = 1e-5
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.core.numbers import finite_or_none
+from pipeline.core.usable_numbers import finite_or_none
 from pipeline.observe.dashboard import chart, step_data
 from pipeline.observe.dashboard.records import Metrics
 from pipeline.observe.metrics import parse_events, parse_metrics, read_metrics_data, segment_name

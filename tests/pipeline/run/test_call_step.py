@@ -1,4 +1,4 @@
-"""`pipeline.run.worker`: a step's output is copied to its log, and nothing of the copy outlives it."""
+"""`pipeline.run.call_step`: a step's output is copied to its log, and nothing of the copy outlives it."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import time
 import pytest
 
 from pipeline.run import step_logs
+from pipeline.run.call_step import Placement, call_step
 from pipeline.run.step_events import StepContext
-from pipeline.run.worker import Placement, call_step
 
 
 def test_a_handler_the_step_made_outlives_its_log_copy(tmp_path, capfd):

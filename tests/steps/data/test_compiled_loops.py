@@ -1,4 +1,4 @@
-"""The compiled curation kernels (`steps.data.kernels`) on an install nobody may write to."""
+"""The compiled curation kernels (`steps.data.compiled_loops`) on an install nobody may write to."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ ROOT = Path(__file__).resolve().parents[3]
 DEDUPE = """
 import json, sys
 from steps.data.dedupe import DedupeConfig, dedupe
-from steps.data import kernels
+from steps.data import compiled_loops
 dedupe(DedupeConfig(inputs=[sys.argv[1]], output=sys.argv[2], minhash="one_permutation"))
-print(json.dumps(kernels.CACHED))
+print(json.dumps(compiled_loops.CACHED))
 """
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline.core.numbers import finite_number, usable_time
+from pipeline.core.usable_numbers import finite_number, usable_time
 
 __all__ = [
     "FIGURES",
