@@ -30,7 +30,7 @@ from pipeline.run.watchdog import Hang, Watchdog
 from pipeline.step import hooks_of
 from pipeline.storage.step_store import AlreadyDone, Held, StepStore
 
-__all__ = ["Attempts", "ExecutionOptions", "lease_poll"]
+__all__ = ["Attempts", "ExecutionOptions", "RunContext", "lease_poll"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +55,21 @@ class ExecutionOptions:
     """Where to tell people about failures, hangs, rewinds and repeated preemptions (`--notify`)."""
 
 
+@dataclass(frozen=True)
+class RunContext:
+    """What the scheduler (`pipeline.run.executor`) and the attempts it starts share for one run:
+    the plan, where steps are recorded, where they run, who runs them, how, what is said, and the
+    clock."""
+
+    plan: Plan
+    store: StepStore
+    backend: Backend
+    owner: Owner
+    options: ExecutionOptions
+    report: Reporter
+    clock: Callable[[], float]
+
+
 def lease_poll(options: ExecutionOptions) -> float:
     """How often a step in another process re-reads its lease to fence its writes: often enough
     that it sees each renewal before the expiry it last read, i.e. poll + heartbeat < timeout."""
@@ -65,23 +80,14 @@ def lease_poll(options: ExecutionOptions) -> float:
 class Attempts:
     """Attempts of the steps of one run, and what watches them while they are in flight."""
 
-    def __init__(
-        self,
-        plan: Plan,
-        store: StepStore,
-        backend: Backend,
-        owner: Owner,
-        options: ExecutionOptions,
-        report: Reporter,
-        clock: Callable[[], float],
-        alert: Callable[[str, str, str], None],
-    ) -> None:
+    def __init__(self, run: RunContext, alert: Callable[[str, str, str], None]) -> None:
+        plan, store, owner, options, clock = run.plan, run.store, run.owner, run.options, run.clock
         self.dag = plan.dag
         self.store = store
-        self.backend = backend
+        self.backend = run.backend
         self.owner = owner
         self.options = options
-        self.report = report
+        self.report = run.report
         self.clock = clock
         self.alert = alert
         self.lost: set[str] = set()

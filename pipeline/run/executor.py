@@ -26,7 +26,7 @@ from pipeline.core.records import Event, may_outlive_runner
 from pipeline.core.report import RunReport, StepOutcome
 from pipeline.core.run_state import RunState
 from pipeline.processes import pid_alive
-from pipeline.run.attempt import Attempts, ExecutionOptions
+from pipeline.run.attempt import Attempts, ExecutionOptions, RunContext
 from pipeline.run.backends.base import Backend
 from pipeline.run.budget import BudgetWatch
 from pipeline.run.endings import AttemptEvent, Ending
@@ -51,29 +51,15 @@ def execute(
 ) -> RunReport:
     """Run every RUN step of `plan` (and wait for WAIT steps) until the plan is finished, or
     until `budget` is spent."""
-    return _Execution(plan, store, backend, owner, options, report or Reporter(), clock, budget).run()
+    run = RunContext(plan, store, backend, owner, options, report or Reporter(), clock)
+    return _Execution(run, budget).run()
 
 
 class _Execution:
-    def __init__(
-        self,
-        plan: Plan,
-        store: StepStore,
-        backend: Backend,
-        owner: Owner,
-        options: ExecutionOptions,
-        report: Reporter,
-        clock: Callable[[], float],
-        budget: BudgetWatch | None = None,
-    ) -> None:
-        self.plan = plan
-        self.dag = plan.dag
-        self.store = store
-        self.backend = backend
-        self.owner = owner
-        self.options = options
-        self.report = report
-        self.clock = clock
+    def __init__(self, run: RunContext, budget: BudgetWatch | None = None) -> None:
+        plan = run.plan
+        self.plan, self.dag, self.store, self.backend = plan, plan.dag, run.store, run.backend
+        self.owner, self.options, self.report, self.clock = run.owner, run.options, run.report, run.clock
         self.state = RunState(plan)
         self.events: queue.Queue[AttemptEvent] = queue.Queue()
         self.outcomes: dict[str, StepOutcome] = {
@@ -81,8 +67,8 @@ class _Execution:
         }
         # Leases of waiting steps, watched on this runner's own clock (`LeaseWatch`); the records
         # found stale that way go to `attempts.stale_leases`, which the retry may take over.
-        self.watch = LeaseWatch(options.lease_timeout)
-        self.attempts = Attempts(plan, store, backend, owner, options, report, clock, self._alert)
+        self.watch = LeaseWatch(run.options.lease_timeout)
+        self.attempts = Attempts(run, self._alert)
         self.failures: dict[str, int] = {}
         self.preemptions: dict[str, int] = {}
         self.requeued: set[str] = set()
