@@ -14,6 +14,7 @@ from haliax import Axis
 
 from steps.models.config import MoeModelConfig
 from steps.models.drydock_moe import DrydockMoeConfig, DrydockMoeLMHeadModel, counted_parameters_of
+from steps.models.levanter_fields import qwen3_fields
 
 __all__ = [
     "EXPORT_FORMAT",
@@ -26,24 +27,9 @@ __all__ = [
 
 def levanter_config(model: MoeModelConfig, seq_len: int, tokenizer: str | None) -> DrydockMoeConfig:
     """The Levanter config of a `MoeModelConfig(family="drydock_moe")`."""
-    from levanter.layers.rotary import DefaultRotaryEmbeddingsConfig
-
     model.check()
     return DrydockMoeConfig(
-        max_seq_len=seq_len,
-        hidden_dim=model.hidden_dim,
-        intermediate_dim=model.expert_intermediate_dim,
-        moe_intermediate_dim=model.expert_intermediate_dim,
-        num_layers=model.num_layers,
-        num_heads=model.num_heads,
-        head_dim=model.head_dim,
-        num_kv_heads=model.num_kv_heads,
-        num_experts=model.num_experts,
-        num_experts_per_tok=model.num_experts_per_token,
-        use_qk_norm=model.qk_norm,
-        tie_word_embeddings=model.tie_embeddings,
-        rope=DefaultRotaryEmbeddingsConfig(theta=model.rope_theta),
-        tokenizer=tokenizer,
+        **qwen3_fields(model, seq_len, tokenizer),
         num_shared_experts=model.num_shared_experts,
         shared_intermediate_dim=model.shared_expert_intermediate_dim,
         sliding_window=model.sliding_window,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from steps.models.config import ModelFamily, MoeModelConfig, register
-from steps.models.families._levanter import check_heads, common_fields, counted
+from steps.models.levanter_fields import check_heads, common_fields, counted
 
 
 def _check(model: MoeModelConfig) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from steps.models.config import ModelFamily, MoeModelConfig, register
-from steps.models.families._levanter import check_heads, common_fields, counted
+from steps.models.levanter_fields import check_heads, counted, qwen3_fields
 
 
 def _check(model: MoeModelConfig) -> None:
@@ -18,15 +18,7 @@ def _check(model: MoeModelConfig) -> None:
 def _to_levanter(model: MoeModelConfig, seq_len: int, tokenizer: str | None) -> Any:
     from levanter.models.qwen3_moe import Qwen3MoeConfig
 
-    return Qwen3MoeConfig(
-        **common_fields(model, seq_len, tokenizer),
-        head_dim=model.head_dim,
-        intermediate_dim=model.expert_intermediate_dim,
-        moe_intermediate_dim=model.expert_intermediate_dim,
-        num_experts=model.num_experts,
-        num_experts_per_tok=model.num_experts_per_token,
-        use_qk_norm=model.qk_norm,
-    )
+    return Qwen3MoeConfig(**qwen3_fields(model, seq_len, tokenizer))
 
 
 QWEN3_MOE = register(

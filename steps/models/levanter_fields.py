@@ -1,6 +1,6 @@
-"""What Levanter's own MoE families (qwen3_moe, mixtral) share: their parameter count, by
-arithmetic (the tests check it against the models Levanter builds), and the fields of their
-Levanter configs that mean the same thing."""
+"""The fields of Levanter's MoE configs that mean the same thing in every family (Drydock's own is
+built on Qwen3-MoE's), written once; and the parameter count of Levanter's own families, by
+arithmetic (the tests check it against the models Levanter builds)."""
 
 from __future__ import annotations
 
@@ -43,6 +43,20 @@ def common_fields(model: MoeModelConfig, seq_len: int, tokenizer: str | None) ->
         tie_word_embeddings=model.tie_embeddings,
         rope=DefaultRotaryEmbeddingsConfig(theta=model.rope_theta),
         tokenizer=tokenizer,
+    )
+
+
+def qwen3_fields(model: MoeModelConfig, seq_len: int, tokenizer: str | None) -> dict[str, Any]:
+    """`common_fields` and the fields of Levanter's `Qwen3MoeConfig` (and of Drydock's, which
+    extends it): head width, expert widths and counts, QK norm."""
+    return dict(
+        **common_fields(model, seq_len, tokenizer),
+        head_dim=model.head_dim,
+        intermediate_dim=model.expert_intermediate_dim,
+        moe_intermediate_dim=model.expert_intermediate_dim,
+        num_experts=model.num_experts,
+        num_experts_per_tok=model.num_experts_per_token,
+        use_qk_norm=model.qk_norm,
     )
 
 
