@@ -9,7 +9,7 @@ Each size runs in a fresh subprocess (so peak RSS is per size) and measures:
   plan/cached `prepare()` against a prefix where every step is done
   rerun      `run_experiment` on that prefix: plan, nothing to execute, the manifest written once;
              the first rerun after a run encodes every step's recipe, the next ones copy them
-             from the manifest the previous rerun wrote (`pipeline.run.manifest`): both shown
+             from the manifest the previous rerun wrote (`pipeline.run.manifest_builder`): both shown
   first run  `run_experiment` on an empty prefix with the local backend (when the prefix is
              populated by the real executor)
   fresh pair what a user meets after adding a step: in a new interpreter, a first run on an empty

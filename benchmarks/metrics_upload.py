@@ -11,11 +11,11 @@ logs) at `--step-seconds` per step, at several points of the run (`--at`, a step
   whole file   what the uploader did before segments: the whole file, every interval. One upload
                of the file as it is at that step is timed against moto; an hour has
                3600 / max(interval, 10 x upload time) of them (the uploader's busy back-off).
-  segments     `steps.training.metrics.MetricsUploader` as it is: the lines up to that step are published
+  segments     `steps.training.metrics_file.MetricsUploader` as it is: the lines up to that step are published
                first (as the run would have), then `--hours` hours of lines are appended and
                uploaded at every interval, and the bytes it sent are counted (`bytes_uploaded`).
 
-Then it reads each row's segments back and times it: `steps.training.metrics.read_metrics` and the
+Then it reads each row's segments back and times it: `steps.training.metrics_file.read_metrics` and the
 dashboard's chart (reading and parsing every line), the chart again (as a reload of the page
 does: the closed segments' summaries are kept), and the bytes alone three ways (one GET
 after another, parallel GETs as the dashboard and `compare` do, fsspec's concurrent `cat` as
@@ -50,7 +50,7 @@ from pipeline.observe.dashboard.step_data import read_metrics as dashboard_metri
 from pipeline.observe.metrics import read_metrics_data
 from pipeline.storage.opening import map_reads, open_storage
 from steps.files import write_file
-from steps.training.metrics import SEGMENT_BYTES, MetricsUploader, _read_lines, read_metrics
+from steps.training.metrics_file import SEGMENT_BYTES, MetricsUploader, _read_lines, read_metrics
 from tests.s3server import moto_s3, s3_environment
 
 BUCKET = "drydock-metrics-bench"

@@ -37,7 +37,7 @@ RUNS = (
 
 
 def train(tmp: Path, name: str, corrupt: bool, policy: dict) -> dict:
-    from steps.training.metrics import read_metrics
+    from steps.training.metrics_file import read_metrics
     from tests.steps.training.test_spike_recovery import write_experiment
 
     exp = write_experiment(tmp, name, corrupt=corrupt, policy=policy)

@@ -43,7 +43,7 @@ MOVED: dict[str, str] = {
     "steps.minhash": "steps.data.minhash",
     "steps.shards": "steps.data.shards",
     "steps.levanter_config": "steps.training.levanter_config",
-    "steps.metrics": "steps.training.metrics",
+    "steps.metrics": "steps.training.metrics_file",
     "steps.checkpoints": "steps.training.checkpoints",
     "steps.gang_sync": "steps.training.gang_sync",
     "steps.estimates": "steps.training.estimates",
@@ -52,6 +52,8 @@ MOVED: dict[str, str] = {
     "steps.training.models": "steps.models.config",
     "steps.training.drydock_moe": "steps.models.drydock_moe",
     "steps.training.drydock_moe_export": "steps.models.drydock_moe_export",
+    "steps.training.metrics": "steps.training.metrics_file",
+    "steps.training.attempts": "steps.training.attempt_loop",
     # Names that left a module that still exists: the scaling step moved into steps/scaling/fit.py.
     "steps.scaling:ScalingFitConfig": "steps.scaling.fit:ScalingFitConfig",
     "steps.scaling:ScalingPoint": "steps.scaling.fit:ScalingPoint",

@@ -44,7 +44,7 @@ class ConfigRefs:
     """The types in the config that its plain form does not name: dataclasses (the plain form
     has their qualified name, not their module), enums, tuples, floats, paths and other leaves.
     With `plain`, they say whether a recipe made from the config would encode the same
-    (`pipeline.run.manifest` reuses a manifest's encoded steps on that condition)."""
+    (`pipeline.run.manifest_builder` reuses a manifest's encoded steps on that condition)."""
 
 
 _LEAVES = frozenset({str, int, float, bool, type(None)})

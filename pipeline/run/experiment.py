@@ -34,7 +34,7 @@ from pipeline.run.console import RunConsole
 from pipeline.run.executor import ExecutionOptions, Reporter, execute
 from pipeline.run.hooks import step_compilations, step_warnings
 from pipeline.run.listing import input_notes
-from pipeline.run.manifest import ManifestBuilder
+from pipeline.run.manifest_builder import ManifestBuilder
 from pipeline.run.options import ExecutorMainConfig, notify_url, resolve_prefix, validate_options
 from pipeline.run.provenance import drift_digest_of, environment_info, step_info
 from pipeline.step import Step

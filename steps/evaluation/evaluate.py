@@ -260,7 +260,7 @@ def plot_loss(metrics_path: str, png_path: str, eval_step: int, sets: dict[str, 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from steps.training.metrics import read_metrics
+    from steps.training.metrics_file import read_metrics
 
     steps, losses, eval_steps, eval_losses = [], [], [], []
     for record in read_metrics(metrics_path):

@@ -16,7 +16,7 @@ from pipeline.steplib import step_events
 from steps.files import exists
 from steps.training import ledger, preemption
 from steps.training.gang_sync import barrier, exchange
-from steps.training.metrics import publish_metrics
+from steps.training.metrics_file import publish_metrics
 
 logger = logging.getLogger(__name__)
 

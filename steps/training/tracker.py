@@ -2,7 +2,7 @@
 the live rate and predicted curve, and (in a gang) the decision every host takes together.
 
 It plugs into Levanter as a registered `TrackerConfig` (`drydock_jsonl`); for outputs on object
-storage it publishes through `steps.training.metrics.MetricsUploader`.
+storage it publishes through `steps.training.metrics_file.MetricsUploader`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from steps.scaling.prediction import Curve, PredictionWatch
 from steps.training import ledger, preemption
 from steps.training.checkpointer import last_saved
 from steps.training.gang_sync import exchange
-from steps.training.metrics import read_events, read_metrics
+from steps.training.metrics_file import read_events, read_metrics
 from steps.training.spikes import RewindNeeded, SpikeDetector, SpikePolicy, count_interventions
 from steps.training.startup import first_step
 

@@ -9,7 +9,7 @@ second trainer here). Under the step's output directory:
     metrics.jsonl           one line per step: step, loss, learning_rate, tokens_per_second,
                             router_max_load_ratio, plus every Levanter metric by its own key
                             (on object storage: metrics/part-NNNNNN.jsonl, the same lines in
-                            segments of about 1 MiB; `steps.training.metrics` reads either)
+                            segments of about 1 MiB; `steps.training.metrics_file` reads either)
     hf/step-N/              a Hugging Face export of the final model
     levanter_model.json     the Levanter model config (the evaluate step rebuilds the model from it)
     layout.json             the mesh and each parameter's sharding as trained (`steps.training.layout`)
@@ -21,7 +21,7 @@ The output may be a URL (gs://, s3://): Levanter writes checkpoints and the expo
 and every other file goes through fsspec. Object stores cannot append, so the metrics are then
 appended to a per-attempt scratch file (under `$DRYDOCK_SCRATCH`, else the system's temporary
 directory) and what it gained is uploaded every `metrics_upload_seconds` and at the end, into
-the open segment (`steps.training.metrics.MetricsUploader`); the logs are uploaded at the end.
+the open segment (`steps.training.metrics_file.MetricsUploader`); the logs are uploaded at the end.
 
 A rerun after a crash or preemption resumes from the latest checkpoint in `checkpoints/` (the
 output directory is the same, since the identity is) and ends at the same step count. Loss
@@ -61,7 +61,7 @@ from steps.scaling.prediction import (
     start_prediction,
 )
 from steps.training import ledger
-from steps.training.attempts import latest_step, train_attempts
+from steps.training.attempt_loop import latest_step, train_attempts
 from steps.training.compile import compile_layout
 from steps.training.config import (
     OptimizerSpec,
@@ -293,7 +293,7 @@ def _predicted_text(prediction: LossPrediction) -> str:
 
 def report(config: TrainMoeConfig) -> dict[str, Any] | None:
     """The end-of-run summary (pipeline.run.hooks): how far the loss came down, where things are."""
-    from steps.training.metrics import read_metrics
+    from steps.training.metrics_file import read_metrics
 
     metrics_path = os.path.join(config.output, "metrics.jsonl")
     if not exists(metrics_path):
@@ -311,7 +311,7 @@ def report(config: TrainMoeConfig) -> dict[str, Any] | None:
 
 def metrics(config: TrainMoeConfig) -> dict[str, float] | None:
     """For `drydock compare`: the last logged training loss, and the steps it took."""
-    from steps.training.metrics import read_metrics
+    from steps.training.metrics_file import read_metrics
 
     metrics_path = os.path.join(config.output, "metrics.jsonl")
     if not exists(metrics_path):

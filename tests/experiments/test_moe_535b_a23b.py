@@ -197,7 +197,7 @@ def test_the_ladder_scaled_down_trains_fits_and_watches_its_training(tmp_path):
     12-48 steps a ladder measures start-up more than size, so how close the toy prediction lands is
     not the point here: tests/experiments/test_scaling_sweep.py bounds a sweep's error.)"""
     from pipeline.observe.metrics import parse_events
-    from steps.training.metrics import read_metrics
+    from steps.training.metrics_file import read_metrics
 
     experiment = tmp_path / "tiny_hero.py"
     experiment.write_text(SCALED_DOWN)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from steps.training.metrics import read_metrics
+from steps.training.metrics_file import read_metrics
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,5 @@
 """A run that runs nothing copies the steps of the manifest it replaces when they are what it
-would encode (`pipeline.run.manifest.ManifestBuilder`), or their recipes when only their states
+would encode (`pipeline.run.manifest_builder.ManifestBuilder`), or their recipes when only their states
 differ (the first cached rerun after a run), and encodes them whenever anything they are made from
 differs."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from pipeline import ExecutorMainConfig, Step, output_of, run_experiment, this_output, versioned
-from pipeline.run import manifest as manifest_module
-from pipeline.run.manifest import ManifestBuilder
+from pipeline.run import manifest_builder as manifest_module
+from pipeline.run.manifest_builder import ManifestBuilder
 from pipeline.storage.manifests import encoded_head, with_head
 from tests.pipeline.stepfns import WriteConfig, write_value
 

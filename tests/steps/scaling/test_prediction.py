@@ -37,7 +37,7 @@ from steps.scaling.prediction import (
     predicted_by,
     resolve_curve,
 )
-from steps.training.metrics import read_events, read_metrics
+from steps.training.metrics_file import read_events, read_metrics
 from tests.steps.tiny import train
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -14,7 +14,7 @@ from pipeline import Step, StepDeclarationError, this_output
 from pipeline.core.dag import build_dag
 from steps.evaluation.follow import wait_for_checkpoint
 from steps.models import TINY_MOE
-from steps.training.metrics import read_events, read_metrics
+from steps.training.metrics_file import read_events, read_metrics
 from steps.training.rewinds import shift_schedule
 from steps.training.train_moe import OptimizerSpec, train_moe_step
 from tests.pipeline.stepfns import WriteConfig, write_value

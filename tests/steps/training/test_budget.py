@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from steps.training.metrics import read_metrics
+from steps.training.metrics_file import read_metrics
 from tests.steps.tiny import QWEN, ROOT, command, env, experiment, ledger_of, step_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

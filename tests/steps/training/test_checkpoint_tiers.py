@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from steps.training.checkpoints import complete_checkpoints, kept_steps_of
-from steps.training.metrics import read_metrics
+from steps.training.metrics_file import read_metrics
 
 pytestmark = pytest.mark.slow
 

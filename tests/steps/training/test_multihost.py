@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 
-from steps.training.metrics import read_events, read_metrics
+from steps.training.metrics_file import read_events, read_metrics
 from tests.raycluster import ray_cluster, ray_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -38,10 +38,10 @@ from pipeline.storage.step_store import StepStore
 from steps.evaluation.evaluate import EvaluateConfig, plot_loss
 from steps.evaluation.evaluate import report as evaluate_report
 from steps.files import write_file
-from steps.training.attempts import latest_step
+from steps.training.attempt_loop import latest_step
 from steps.training.checkpointer import MetricsCheckpointerConfig
 from steps.training.checkpoints import checkpoint_to_evaluate
-from steps.training.metrics import (
+from steps.training.metrics_file import (
     MetricsUploader,
     begin_metrics,
     publish_metrics,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from steps.training.metrics import read_events, read_metrics
+from steps.training.metrics_file import read_events, read_metrics
 from tests.steps.tiny import ledger_of
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from pipeline.observe.metrics import parse_events, parse_metrics
-from steps.training.metrics import begin_metrics, read_events, read_metrics, write_metrics
+from steps.training.metrics_file import begin_metrics, read_events, read_metrics, write_metrics
 from steps.training.spikes import (
     Rewind,
     RewindNeeded,

@@ -12,7 +12,7 @@ from pipeline.run import step_events
 from pipeline.storage.files import LocalStorage
 from pipeline.storage.step_store import StepStore
 from steps.training.levanter_fixes import jit_log_breaks_grad
-from steps.training.metrics import read_events, read_metrics
+from steps.training.metrics_file import read_events, read_metrics
 from steps.training.spikes import RewindNeeded, SpikePolicy
 from steps.training.tracker import JsonlTracker
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from steps.models import MoeModelConfig, parameter_counts
-from steps.training.metrics import read_metrics
+from steps.training.metrics_file import read_metrics
 from tests.steps.tiny import (
     DRYDOCK,
     QWEN,

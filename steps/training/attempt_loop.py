@@ -63,7 +63,7 @@ def train_attempts(
     """train_moe's attempts (resumes and rewinds) and its result, under `_ONE_TRAINING`."""
     from steps.files import write_file
     from steps.training.levanter_fixes import fresh_tensorstore_cache
-    from steps.training.metrics import read_events
+    from steps.training.metrics_file import read_events
 
     out = config.output
     rewinds_path = os.path.join(out, REWINDS_FILE)
@@ -167,7 +167,7 @@ def _train_attempt(
 
     from steps.files import local_path
     from steps.training.checkpointer import checkpoint_saved, wait_for_checkpoints
-    from steps.training.metrics import (
+    from steps.training.metrics_file import (
         MetricsUploader,
         begin_metrics,
         read_events,
