@@ -107,9 +107,8 @@ class ManifestBuilder:
             "finished": report is not None,
             "exit_code": report.exit_code if report is not None else None,
         }
-        recipes_digest, digest = self._digests(plan=report is not None and _ran_nothing(report))
-        if report is None:
-            recipes_digest = None  # the manifest a run starts with is replaced when it ends
+        # The manifest a run starts with is replaced when it ends: it needs no digest.
+        recipes_digest, digest = (None, None) if report is None else self._digests(plan=_ran_nothing(report))
         copied: list[tuple[str, str]] | None = None
         if recipes_digest is not None:
             head["recipes_digest"] = recipes_digest
@@ -227,11 +226,7 @@ def _copied_lines(previous: bytes, digest: str, count: int) -> list[tuple[str, s
     `, "planned": ` and the first `, "recipe": ` of the line are those keys (a quote inside a
     JSON string is escaped, so no earlier string holds one), and the decoder finds where the
     recipe ends (what follows, the step's outcome, may hold any key)."""
-    before = encoded_head(previous)
-    if before is None or before.get("recipes_digest") != digest:
-        return None
-    checksum = before.get(CHECKSUM)
-    if checksum is None or checksum != steps_checksum(previous):
+    if _verified(previous, "recipes_digest", digest) is None:
         return None
     lines = previous.decode().split("\n")[1:-2]  # the head line; the closing `]}` and the end
     if len(lines) != count:
@@ -257,11 +252,17 @@ def _sha256(text: str) -> str:
 def _copyable(previous: bytes, digest: str) -> int | None:
     """The checksum of `previous`'s steps if they can be copied into a manifest whose steps have
     `digest`: written by `encode_lines` with that digest, and the bytes it wrote (unedited)."""
+    return _verified(previous, "steps_digest", digest)
+
+
+def _verified(previous: bytes, key: str, digest: str) -> int | None:
+    """The checksum of `previous`'s steps if its head's `key` is `digest` and its steps are the
+    bytes `encode_lines` wrote (their CRC is the one recorded), else None."""
     before = encoded_head(previous)
-    if before is None or before.get("steps_digest") != digest:
+    if before is None or before.get(key) != digest:
         return None
     checksum = before.get(CHECKSUM)
-    return checksum if checksum == steps_checksum(previous) else None
+    return checksum if checksum is not None and checksum == steps_checksum(previous) else None
 
 
 def _ran_nothing(report: RunReport) -> bool:
