@@ -20,7 +20,7 @@ from typing import Any
 
 from pipeline.core import graph
 from pipeline.core.collector import collector_paused
-from pipeline.core.configs import ConfigRefs, collect_refs, resolve_config
+from pipeline.core.config_walk import ConfigRefs, collect_refs, resolve_config
 from pipeline.core.identity import (
     HASH_CHARS,
     NAME_PART,

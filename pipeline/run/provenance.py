@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pipeline.core.configs import to_plain
+from pipeline.core.config_walk import to_plain
 from pipeline.core.dag import Dag, drift_text, fn_import_path, resolved_config
 from pipeline.core.drift import drift_digest_of_text, listing_digest
 from pipeline.run.alerts import redact_argv

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from pipeline.core.configs import resolve_config
+from pipeline.core.config_walk import resolve_config
 from pipeline.core.dag import Dag
 from pipeline.run.recipe_codec import (
     MAIN_MODULE,

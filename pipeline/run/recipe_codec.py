@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
 import importlib
 import importlib.util
 import math
@@ -19,6 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import PurePath
 from typing import Any
 
+from pipeline.core.config_walk import ConfigWalk, join
 from pipeline.core.dag import RECIPE_MODULE
 from pipeline.errors import StepDeclarationError
 from pipeline.step import OutputOf, Step, ThisOutput, Versioned
@@ -86,25 +86,26 @@ def module_name_for_file(path: str) -> str | None:
     return dotted
 
 
-def encode_value(
-    value: Any, labels: Mapping[int, str], step: str, path: str = "", main_module: str | None = None
-) -> Any:
-    """`value` as reversible JSON data; `labels` maps `id(Step)` to that step's label.
+class _Encode(ConfigWalk):
+    """`encode_value`: every kind of value as JSON data `decode_value` rebuilds it from."""
 
-    `main_module` is the importable name of the experiment file, for code defined in `__main__`.
-    """
-    if type(value) in _PLAIN:  # the common case first: configs are mostly plain values
-        return value
-    if value is None or isinstance(value, bool | int | str):
-        return value
-    if isinstance(value, float):
+    plain_is_same = True
+
+    def __init__(self, labels: Mapping[int, str], step: str, main_module: str | None) -> None:
+        super().__init__(step)
+        self.labels = labels
+        self.main_module = main_module
+
+    def visit_float(self, value: float, path: str) -> Any:
         return value if math.isfinite(value) else {"__float__": repr(value)}
-    if isinstance(value, Versioned):
-        return {"__versioned__": encode_value(value.value, labels, step, path, main_module)}
-    if isinstance(value, OutputOf):
+
+    def visit_versioned(self, value: Versioned, path: str) -> Any:
+        return {"__versioned__": self.walk(value.value, path)}
+
+    def visit_output_of(self, value: OutputOf, path: str) -> Any:
         # A Step is recorded by its label (unique in the DAG); a by-name reference stays a name.
         by_name = isinstance(value.step, str)
-        upstream = value.step if by_name else labels[id(value.step)]
+        upstream = value.step if by_name else self.labels[id(value.step)]
         return {
             "__output_of__": upstream,
             "ref": "name" if by_name else "label",
@@ -112,61 +113,59 @@ def encode_value(
             "blocking": value.blocking,
             **({} if value.identity else {"identity": False}),
         }
-    if isinstance(value, ThisOutput):
+
+    def visit_this_output(self, value: ThisOutput, path: str) -> Any:
         return {"__this_output__": value.sub}
-    if isinstance(value, enum.Enum):
-        ref = importable_name(type(value), main_module)
-        return {"__enum__": ref, "value": encode_value(value.value, labels, step, path, main_module)}
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = {
-            name: encode_value(getattr(value, name), labels, step, _join(path, name), main_module)
-            for name in _field_names(type(value))
-        }
-        return {"__dataclass__": _class_ref(type(value), step, path, main_module), "fields": fields}
-    if isinstance(value, PurePath):
-        return {"__path__": str(value), "class": _class_ref(type(value), step, path, main_module)}
-    if isinstance(value, tuple):
-        items = [encode_value(v, labels, step, _join(path, i), main_module) for i, v in enumerate(value)]
-        if hasattr(value, "_fields"):  # namedtuple
-            return {"__tuple__": items, "class": _class_ref(type(value), step, path, main_module)}
-        return {"__tuple__": items}
-    if isinstance(value, list):
-        return [encode_value(v, labels, step, _join(path, i), main_module) for i, v in enumerate(value)]
-    if isinstance(value, dict):
-        if not all(isinstance(k, str) for k in value):
-            raise RecipeError(step, "dict keys must be strings to be recorded in a manifest", field=path)
-        out = {k: encode_value(v, labels, step, _join(path, k), main_module) for k, v in value.items()}
-        return {"__dict__": out} if any(k in _MARKERS for k in value) else out
-    raise RecipeError(
-        step,
-        f"a value of type {type(value).__name__} cannot be recorded in a manifest; use None, bool, "
-        "int, float, str, enums, paths, or lists, tuples, dicts and dataclasses of those",
-        field=path or "config",
-    )
 
+    def visit_enum(self, value: enum.Enum, path: str) -> Any:
+        ref = importable_name(type(value), self.main_module)
+        return {"__enum__": ref, "value": self.walk(value.value, path)}
 
-@functools.lru_cache(maxsize=1024)
-def _field_names(cls: type) -> tuple[str, ...]:
-    # dataclasses.fields() builds a fresh tuple per call; a large DAG asks per config, per run.
-    return tuple(f.name for f in dataclasses.fields(cls))
+    def visit_path(self, value: PurePath, path: str) -> Any:
+        return {"__path__": str(value), "class": self._class_ref(type(value), path)}
 
-
-_PLAIN = frozenset({str, int, bool, type(None)})
-
-
-def _join(path: str, key: str | int) -> str:
-    return f"{path}.{key}" if path else str(key)
-
-
-def _class_ref(cls: type, step: str, path: str, main_module: str | None) -> str:
-    if "<locals>" in cls.__qualname__:
+    def visit_other(self, value: Any, path: str) -> Any:
         raise RecipeError(
-            step,
-            f"class {cls.__qualname__} is defined inside a function; define config classes at "
-            "module level so that a manifest can rebuild them",
+            self.step,
+            f"a value of type {type(value).__name__} cannot be recorded in a manifest; use None, bool, "
+            "int, float, str, enums, paths, or lists, tuples, dicts and dataclasses of those",
             field=path or "config",
         )
-    return importable_name(cls, main_module)
+
+    def odd_key(self, key: Any, path: str) -> Any:
+        raise RecipeError(self.step, "dict keys must be strings to be recorded in a manifest", field=path)
+
+    def make_dataclass(self, value: Any, items: dict[str, Any], path: str) -> Any:
+        return {"__dataclass__": self._class_ref(type(value), path), "fields": items}
+
+    def make_tuple(self, value: tuple[Any, ...], items: list[Any], path: str) -> Any:
+        return {"__tuple__": items}
+
+    def make_namedtuple(self, value: tuple[Any, ...], items: list[Any], path: str) -> Any:
+        return {"__tuple__": items, "class": self._class_ref(type(value), path)}
+
+    def make_dict(self, value: dict[Any, Any], items: dict[Any, Any], path: str) -> Any:
+        return {"__dict__": items} if any(k in _MARKERS for k in items) else items
+
+    def _class_ref(self, cls: type, path: str) -> str:
+        if "<locals>" in cls.__qualname__:
+            raise RecipeError(
+                self.step,
+                f"class {cls.__qualname__} is defined inside a function; define config classes at "
+                "module level so that a manifest can rebuild them",
+                field=path or "config",
+            )
+        return importable_name(cls, self.main_module)
+
+
+def encode_value(
+    value: Any, labels: Mapping[int, str], step: str, path: str = "", main_module: str | None = None
+) -> Any:
+    """`value` as reversible JSON data; `labels` maps `id(Step)` to that step's label.
+
+    `main_module` is the importable name of the experiment file, for code defined in `__main__`.
+    """
+    return _Encode(labels, step, main_module).walk(value, path)
 
 
 # -- rebuilding ---------------------------------------------------------------------------------
@@ -260,7 +259,7 @@ def decode_value(
 ) -> Any:
     """Inverse of `encode_value`; `steps` maps labels of already rebuilt upstream steps."""
     if isinstance(data, list):
-        return [decode_value(v, steps, resolve, step, _join(path, i)) for i, v in enumerate(data)]
+        return [decode_value(v, steps, resolve, step, join(path, i)) for i, v in enumerate(data)]
     if not isinstance(data, dict):
         return data
     if "__versioned__" in data:
@@ -287,7 +286,7 @@ def decode_value(
     # `os:system`) is refused before it is called.
     if "__tuple__" in data:
         items = [
-            decode_value(v, steps, resolve, step, _join(path, i)) for i, v in enumerate(data["__tuple__"])
+            decode_value(v, steps, resolve, step, join(path, i)) for i, v in enumerate(data["__tuple__"])
         ]
         if "class" not in data:
             return tuple(items)
@@ -312,13 +311,13 @@ def decode_value(
                 step, f"{data['__dataclass__']} is no longer a dataclass", field=path or "config"
             )
         values = {
-            name: decode_value(v, steps, resolve, step, _join(path, name))
+            name: decode_value(v, steps, resolve, step, join(path, name))
             for name, v in data["fields"].items()
         }
         return _build_dataclass(cls, values, step, path)
     if "__dict__" in data:
         data = data["__dict__"]
-    return {k: decode_value(v, steps, resolve, step, _join(path, k)) for k, v in data.items()}
+    return {k: decode_value(v, steps, resolve, step, join(path, k)) for k, v in data.items()}
 
 
 def _is_namedtuple(obj: Any) -> bool:

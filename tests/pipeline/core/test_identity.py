@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
-from pipeline.core.configs import to_plain
+from pipeline.core.config_walk import to_plain
 from pipeline.core.dag import Dag, build_dag
 from pipeline.core.graph import descendants
 from pipeline.core.identity import (

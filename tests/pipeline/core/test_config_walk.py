@@ -1,4 +1,5 @@
-"""Walking step configs: collect_refs, resolve_config and to_plain on nested configs."""
+"""Walking step configs: the one traversal (`ConfigWalk`), and collect_refs, resolve_config,
+to_plain and the manifest encoder made of it, on nested configs."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.core.configs import collect_refs, resolve_config, to_plain
+from pipeline.core.config_walk import collect_refs, resolve_config, to_plain
 from pipeline.core.drift import drift_digest, drift_digest_of_text
 from pipeline.errors import DrydockError, StepDeclarationError
 from pipeline.step import (
@@ -207,6 +208,58 @@ def test_collect_refs_self_referencing_config_is_an_error() -> None:
     cfg.items.append(cfg)
     with pytest.raises(StepDeclarationError, match=r"step 's', field `items.0`.*refers to itself"):
         collect_refs("s", cfg)
+
+
+def _encode(step: str, config: Any) -> Any:
+    from pipeline.run.recipe_codec import encode_value
+
+    return encode_value(config, {}, step)
+
+
+WALKS = {
+    "collect_refs": lambda cfg: collect_refs("s", cfg),
+    "to_plain": lambda cfg: to_plain("s", "", cfg, strict=False),
+    "resolve_config": lambda cfg: resolve_config(cfg, lambda placeholder: "x"),
+    "encode_value": lambda cfg: _encode("s", cfg),
+}
+
+
+@pytest.mark.parametrize("walk", sorted(WALKS))
+def test_every_walk_is_the_one_traversal_and_refuses_a_config_that_holds_itself(walk) -> None:
+    # Once only collect_refs checked; the others recursed until Python's stack ran out.
+    cfg = Mutable(value={"k": [1]})
+    cfg.value["k"].append((cfg,))
+    with pytest.raises(StepDeclarationError, match=r"field `value.k.1.0`.*refers to itself"):
+        WALKS[walk](cfg)
+
+
+@pytest.mark.parametrize("walk", sorted(WALKS))
+def test_every_walk_refuses_a_step_held_in_a_config(walk) -> None:
+    with pytest.raises(StepDeclarationError, match=r"field `items.1`.*holds step 'up' itself"):
+        WALKS[walk](Mutable(items=[1, UP]))
+
+
+def test_a_new_walk_is_a_subclass_that_says_what_each_kind_becomes() -> None:
+    from pipeline.core.config_walk import ConfigWalk
+
+    class Labels(ConfigWalk):
+        """Each placeholder's dotted path, and every other value left out."""
+
+        def __init__(self) -> None:
+            super().__init__("s")
+            self.found: list[str] = []
+
+        def visit_output_of(self, value: OutputOf, path: str) -> Any:
+            self.found.append(path)
+
+        def visit_this_output(self, value: ThisOutput, path: str) -> Any:
+            self.found.append(path)
+
+    walk = Labels()
+    walk.walk(nested_config())
+    refs = collect_refs("s", nested_config())
+    assert walk.found and set(walk.found) == {*refs.inputs, *refs.own_outputs}
+    assert Source in walk.met and Data in walk.met
 
 
 def test_collect_refs_dict_keys_must_be_strings() -> None:
