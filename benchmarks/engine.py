@@ -9,7 +9,7 @@ Each size runs in a fresh subprocess (so peak RSS is per size) and measures:
   plan/cached `prepare()` against a prefix where every step is done
   rerun      `run_experiment` on that prefix: plan, nothing to execute, the manifest written once;
              the first rerun after a run encodes every step's recipe, the next ones copy them
-             from the manifest the previous rerun wrote (`pipeline.run.manifest_builder`): both shown
+             from the manifest the previous rerun wrote (`pipeline.run.records.manifest_builder`): both shown
   first run  `run_experiment` on an empty prefix with the local backend (when the prefix is
              populated by the real executor)
   fresh pair what a user meets after adding a step: in a new interpreter, a first run on an empty
@@ -57,9 +57,9 @@ from pipeline import ExecutorMainConfig, Step, output_of, run_experiment, this_o
 from pipeline.core.dag import build_dag
 from pipeline.core.plan import State, make_plan
 from pipeline.processes import current_owner
-from pipeline.run.executor import RunReport
 from pipeline.run.experiment import prepare, unchanged_steps
-from pipeline.run.provenance import drift_digest_of, environment_info, step_info
+from pipeline.run.records.provenance import drift_digest_of, environment_info, step_info
+from pipeline.run.scheduler.executor import RunReport
 from pipeline.storage.opening import open_storage
 from pipeline.storage.step_store import Acquired, StepStore
 
@@ -232,7 +232,7 @@ def populate_with_store(steps: list[Step], prefix: str) -> None:
         info.update(run_info, run_id=owner.run_id, attempt=1, token=taken.token, started=time.time())
         step_json = store.write_step_json(node.output_path, info)
         store.storage.write(f"{node.output_path}/out.txt", b"0\n")
-        # The digests the executor records with SUCCESS (pipeline/run/executor.py).
+        # The digests the executor records with SUCCESS (pipeline/run/scheduler/executor.py).
         data = {"duration": 0.0, "drift": drift_digest_of(dag, label), "step_json": step_json}
         check(store.commit(node.output_path, owner, taken.token, data=data), f"commit {label}")
 

@@ -33,7 +33,7 @@ from pipeline.core.dag import build_dag
 from pipeline.core.plan import State
 from pipeline.processes import current_owner
 from pipeline.run.experiment import prepare
-from pipeline.run.provenance import drift_digest_of, environment_info, step_info
+from pipeline.run.records.provenance import drift_digest_of, environment_info, step_info
 from pipeline.storage.files import Storage
 from pipeline.storage.opening import open_storage
 from pipeline.storage.step_store import Acquired, StepStore

@@ -30,7 +30,7 @@ import time
 
 from experiments.scaling_sweep import sweep_mixture, sweep_run
 from pipeline import ExecutorMainConfig, run_experiment
-from pipeline.run.executor import RunReport
+from pipeline.run.scheduler.executor import RunReport
 
 
 def main() -> None:

@@ -20,11 +20,11 @@ if TYPE_CHECKING:
     from pipeline.core.tpu import tpu_slice
     from pipeline.errors import DrydockError, GraphError, StepDeclarationError, StorageError
     from pipeline.observe.upstream import step_state
-    from pipeline.run import step_events
     from pipeline.run.experiment import run_experiment
-    from pipeline.run.gang import Gang
+    from pipeline.run.in_step import step_events
+    from pipeline.run.in_step.gang import Gang
+    from pipeline.run.in_step.step_events import current_gang
     from pipeline.run.options import ExecutorMainConfig
-    from pipeline.run.step_events import current_gang
     from pipeline.step import (
         HangPolicy,
         OutputOf,
@@ -50,9 +50,9 @@ _PUBLIC = {
     "ExecutorMainConfig": "pipeline.run.options",
     "executor_main": "pipeline.cli.run",
     "run_experiment": "pipeline.run.experiment",
-    "Gang": "pipeline.run.gang",
+    "Gang": "pipeline.run.in_step.gang",
     "tpu_slice": "pipeline.core.tpu",
-    "current_gang": "pipeline.run.step_events",
+    "current_gang": "pipeline.run.in_step.step_events",
     "step_state": "pipeline.observe.upstream",
     "HangPolicy": "pipeline.step",
     "OutputOf": "pipeline.step",
@@ -75,7 +75,7 @@ _PUBLIC = {
     "uniform": "pipeline.sweeps",
 }
 # Submodules step functions use by their old short name (`from pipeline import step_events`).
-_MODULES = {"step_events": "pipeline.run.step_events"}
+_MODULES = {"step_events": "pipeline.run.in_step.step_events"}
 
 __all__ = [
     "DrydockError",

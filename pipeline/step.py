@@ -253,7 +253,7 @@ class Step:
 @dataclass(frozen=True)
 class HangPolicy:
     """How long a step that reports progress may go without reporting before it counts as hung
-    (`step_function(fn, watchdog=HangPolicy())`; the runner's watchdog, `pipeline.run.watchdog`).
+    (`step_function(fn, watchdog=HangPolicy())`; the runner's watchdog, `pipeline.run.scheduler.watchdog`).
 
     After the first report, the bound is `factor` times the median time per unit of progress
     seen so far (a training: per step), never less than `floor`; before it, `startup` (loading,
@@ -322,7 +322,7 @@ class StepHooks:
     watchdog: HangPolicy | None = None
     """The pace the step function keeps: with a policy, the runner's watchdog watches its
     progress reports and, when they stop for longer than the policy's bound, saves every process's
-    stacks, records a HUNG warning and retries the attempt (`pipeline.run.watchdog`)."""
+    stacks, records a HUNG warning and retries the attempt (`pipeline.run.scheduler.watchdog`)."""
     estimate: Callable[[Any], Any] | None = None
     """`estimate(config) -> float | None`: the seconds the step will hold its devices, for a
     run's budget (`--budget_device_hours`, `--budget_dollars`); None when it cannot say."""

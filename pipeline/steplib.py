@@ -56,10 +56,10 @@ from pipeline.observe.metrics import (
 from pipeline.observe.render import format_size
 from pipeline.observe.upstream import step_state
 from pipeline.processes import cache_dir
-from pipeline.run import step_events
-from pipeline.run.fence import LeaseExpired
-from pipeline.run.parallel import parallel_map
-from pipeline.run.step_events import LeaseGuard, check_lease, current_gang, lease_guard
+from pipeline.run.in_step import step_events
+from pipeline.run.in_step.fence import LeaseExpired
+from pipeline.run.in_step.parallel import parallel_map
+from pipeline.run.in_step.step_events import LeaseGuard, check_lease, current_gang, lease_guard
 from pipeline.storage.files import write_atomically
 from pipeline.storage.opening import open_storage
 

@@ -14,7 +14,7 @@ contract enforces it). docs/architecture.md, "The step library", says how to add
 Manifests written by earlier layouts name their functions and configs by old module paths (the
 flat `steps.train_moe:TrainMoeConfig`, `steps.training.models:MoeModelConfig`): `MOVED` says where
 each lives now, and the engine reads it where manifests are decoded
-(`pipeline.run.recipe_codec.moved_reference`), so `drydock rerun` of an old manifest rebuilds the
+(`pipeline.run.records.recipe_codec.moved_reference`), so `drydock rerun` of an old manifest rebuilds the
 same steps. Nothing is installed in the import system: code that imports an old path fails.
 """
 
@@ -62,4 +62,4 @@ MOVED: dict[str, str] = {
     "steps.scaling:scaling_fit_step": "steps.scaling.fit:scaling_fit_step",
 }
 """Old module path -> the module that holds its step functions and config classes now, or an old
-`module:name` -> where that name lives now (`pipeline.run.recipe_codec.MOVED_TABLE`)."""
+`module:name` -> where that name lives now (`pipeline.run.records.recipe_codec.MOVED_TABLE`)."""

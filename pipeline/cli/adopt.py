@@ -1,7 +1,7 @@
 """`drydock adopt FILE|MANIFEST STEP FROM [options]`: commit an existing directory as STEP's output.
 
 STEP is a step name or label of the experiment; FROM a directory (a path or URL) holding what
-the step would have written. See `pipeline.run.adopt`.
+the step would have written. See `pipeline.run.scheduler.adopt`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pipeline.cli.loading import Loaded, load
 from pipeline.core.dag import build_dag
 from pipeline.errors import StepDeclarationError
 from pipeline.processes import current_owner
-from pipeline.run.adopt import adopt
 from pipeline.run.options import resolve_prefix
+from pipeline.run.scheduler.adopt import adopt
 from pipeline.storage.opening import open_storage
 from pipeline.storage.step_store import StepStore
 

@@ -164,7 +164,7 @@ def split_source(options: Sequence[str]) -> tuple[str | None, list[str]]:
 
 def split_remaps(options: Sequence[str]) -> tuple[list[tuple[str, str]], list[str]]:
     """`--remap OLD=NEW` (repeatable; or `--remap=OLD=NEW`) taken out of a manifest command's
-    options: recorded paths under OLD are read under NEW (`pipeline.run.recipe.remap_recipe`)."""
+    options: recorded paths under OLD are read under NEW (`pipeline.run.records.recipe.remap_recipe`)."""
     remaps: list[tuple[str, str]] = []
     rest: list[str] = []
     items = list(options)
@@ -195,7 +195,7 @@ def load(target: str, options: Sequence[str], body: Callable[[Loaded], int]) -> 
     docstring); errors there are reported by `executor_main` as for any run.
     """
     if is_manifest(target):
-        from pipeline.run.recipe import load_recipe, rerun_argv
+        from pipeline.run.records.recipe import load_recipe, rerun_argv
 
         source, options = split_source(options)
         remaps, options = split_remaps(options)

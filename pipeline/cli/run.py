@@ -31,11 +31,11 @@ from pipeline.errors import DrydockError
 from pipeline.observe.explain import plan_explanations
 from pipeline.observe.render import format_preview, plan_table, print_table, run_summary
 from pipeline.run.backends.ray_resources import follower_shortfalls
-from pipeline.run.budget import estimate_text
 from pipeline.run.experiment import run_experiment
-from pipeline.run.hooks import step_compilations, step_previews, step_reports, step_warnings
+from pipeline.run.in_step.step_logs import QuietConsole
 from pipeline.run.options import parse_options, validate_options
-from pipeline.run.step_logs import QuietConsole
+from pipeline.run.records.hooks import step_compilations, step_previews, step_reports, step_warnings
+from pipeline.run.scheduler.budget import estimate_text
 from pipeline.step import Step
 from pipeline.storage.layout import LOGS_DIR, log_token
 from pipeline.storage.manifests import experiment_name, is_manifest, manifest_path
@@ -117,7 +117,7 @@ def _run_target(command: str, args: Sequence[str], extra: list[str]) -> int:
 
 def run_manifest(location: str, options: Sequence[str]) -> int:
     """Rebuild the DAG recorded in the manifest at `location` and run (or plan) it."""
-    from pipeline.run.recipe import rebuild_recipe, recipe_code, remap_recipe, rerun_argv
+    from pipeline.run.records.recipe import rebuild_recipe, recipe_code, remap_recipe, rerun_argv
     from pipeline.storage.manifests import load_manifest
 
     try:
@@ -318,7 +318,7 @@ def _print_results(
 
 def _runs_file_code(manifest: str) -> bool:
     """Whether the manifest's recipe has functions defined in the (unimportable) experiment file."""
-    from pipeline.run.recipe import MAIN_MODULE, recipe_code
+    from pipeline.run.records.recipe import MAIN_MODULE, recipe_code
     from pipeline.storage.manifests import load_manifest
 
     try:

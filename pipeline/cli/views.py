@@ -7,7 +7,7 @@
 An experiment FILE is executed as `__main__` (`pipeline.cli.loading`): its `executor_main` call
 hands over its steps and options and runs nothing. A MANIFEST is read directly for `status` and `dag`
 (labels, paths and deps are all they need, so no experiment code has to be importable) and
-rebuilt into steps (`pipeline.run.recipe`) for `explain`. Each command returns an exit code: 0,
+rebuilt into steps (`pipeline.run.records.recipe`) for `explain`. Each command returns an exit code: 0,
 2 for a user error (one line on stderr, nothing written), 130 when interrupted.
 """
 

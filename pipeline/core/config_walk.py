@@ -13,7 +13,7 @@ A walk is a subclass that says what each kind becomes:
     collect_refs     `_Collect`   placeholders and versioned values, and the plain form, at once
     to_plain         `_Plain`     plain JSON-ready data (what identities hash)
     resolve_config   `_Resolve`   a copy with placeholders resolved and versioned values unwrapped
-    `pipeline.run.recipe_codec.encode_value`: the reversible JSON a manifest records
+    `pipeline.run.records.recipe_codec.encode_value`: the reversible JSON a manifest records
 
 (Decoding a manifest walks JSON, not a config: `recipe_codec.decode_value` is that walk's
 inverse.) Pure functions, no I/O.
@@ -392,7 +392,7 @@ class ConfigRefs:
     """The types in the config that its plain form does not name: dataclasses (the plain form
     has their qualified name, not their module), enums, tuples, floats, paths and other leaves.
     With `plain`, they say whether a recipe made from the config would encode the same
-    (`pipeline.run.manifest_builder` reuses a manifest's encoded steps on that condition)."""
+    (`pipeline.run.records.manifest_builder` reuses a manifest's encoded steps on that condition)."""
 
 
 _SIMPLE = frozenset({str, int, bool, type(None)})

@@ -227,9 +227,9 @@ def _validate_gang(name: str, resources: Resources) -> None:
 
 
 RECIPE_MODULE = "__drydock_recipe__"
-"""The module name under which `drydock rerun` executes a recorded experiment file (pipeline.run.recipe).
-It is never registered in sys.modules, so workers receive its functions by value, as they do
-the functions of an experiment file run as `__main__`."""
+"""The module name under which `drydock rerun` executes a recorded experiment file
+(pipeline.run.records.recipe). It is never registered in sys.modules, so workers receive its
+functions by value, as they do the functions of an experiment file run as `__main__`."""
 
 
 def _importable(fn: Any) -> bool:

@@ -134,7 +134,7 @@ def make_plan(
     steps get drift notes, except the `unchanged` ones (labels whose recorded config and code are
     known to equal the current ones, by the digests recorded with their SUCCESS). `input_notes`
     (label -> notes) says how the files outside the prefix a cached step read have changed since
-    (`pipeline.run.listing`); they come first. `only` and
+    (`pipeline.run.records.listing`); they come first. `only` and
     `force` are regexes on step names. A step whose `.status` is corrupt is an error unless it is
     forced (or `strict` is off, for status displays). `alive(pid, start)` tells a running step
     whose runner died on this host (`pipeline.processes.pid_alive`); without it, only the lease's

@@ -43,7 +43,7 @@ class RunReport:
     outcomes: Mapping[str, StepOutcome]
     interrupted: bool = False
     budget_spent: str | None = None
-    """Why the run stopped before it finished: its budget was spent (`pipeline.run.budget`)."""
+    """Why the run stopped before it finished: its budget was spent (`pipeline.run.scheduler.budget`)."""
     manifest_error: str | None = None
     """Why the run's manifest could not be written at its end (e.g. a full disk): every step's
     outcome stands (what committed stays committed), but the run is not recorded."""

@@ -27,16 +27,16 @@ from pipeline.core.records import Event, StepRecord
 from pipeline.core.report import RunReport
 from pipeline.errors import StorageError
 from pipeline.processes import current_owner, host_id, pid_alive
-from pipeline.run.alerts import AlertLog, Notifier
 from pipeline.run.backends import check_declared, make_backend
-from pipeline.run.budget import Budget, BudgetWatch, check_plan
-from pipeline.run.console import RunConsole
-from pipeline.run.executor import ExecutionOptions, Reporter, execute
-from pipeline.run.hooks import step_compilations, step_warnings
-from pipeline.run.listing import input_notes
-from pipeline.run.manifest_builder import ManifestBuilder
+from pipeline.run.console.alerts import AlertLog, Notifier
+from pipeline.run.console.console import RunConsole
 from pipeline.run.options import ExecutorMainConfig, notify_url, resolve_prefix, validate_options
-from pipeline.run.provenance import drift_digest_of, environment_info, step_info
+from pipeline.run.records.hooks import step_compilations, step_warnings
+from pipeline.run.records.listing import input_notes
+from pipeline.run.records.manifest_builder import ManifestBuilder
+from pipeline.run.records.provenance import drift_digest_of, environment_info, step_info
+from pipeline.run.scheduler.budget import Budget, BudgetWatch, check_plan
+from pipeline.run.scheduler.executor import ExecutionOptions, Reporter, execute
 from pipeline.step import Step
 from pipeline.storage.layout import alerts_path
 from pipeline.storage.manifests import experiment_name, manifest_path, run_record_path
@@ -87,7 +87,7 @@ def _prepare(
 
 def unchanged_steps(dag: Dag, store: StepStore, snapshot: dict[str, StepRecord]) -> dict[str, str]:
     """The finished steps whose recorded config and code equal the current ones: label -> their
-    drift digest (`pipeline.run.provenance.drift_digest_of`).
+    drift digest (`pipeline.run.records.provenance.drift_digest_of`).
 
     Their SUCCESS carries a digest of both (`pipeline.core.drift.drift_digest`); when the current
     digest matches, the plan needs no drift notes and `.step.json` is not read at all: one read

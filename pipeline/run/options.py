@@ -18,15 +18,38 @@ from pipeline.run.backends import REGISTRY
 
 __all__ = [
     "DEFAULT_PREFIX",
+    "SECRET_FLAGS",
     "ExecutorMainConfig",
     "LocalOptions",
     "RayOptions",
     "parse_options",
+    "redact_argv",
     "resolve_prefix",
     "validate_options",
 ]
 
 DEFAULT_PREFIX = "./drydock-runs"
+
+
+SECRET_FLAGS = ("--notify",)
+"""Command-line options whose value is a secret: recorded as `<redacted>`."""
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """`argv` with the value of every secret option replaced by `<redacted>`."""
+    out, hide = [], False
+    for arg in argv:
+        if hide:
+            out.append("<redacted>")
+            hide = False
+            continue
+        flag, eq, _value = arg.partition("=")
+        if flag in SECRET_FLAGS:
+            out.append(f"{flag}=<redacted>" if eq else arg)
+            hide = not eq
+            continue
+        out.append(arg)
+    return out
 
 
 @dataclass(frozen=True)
@@ -151,7 +174,7 @@ def validate_options(config: ExecutorMainConfig) -> None:
         )
     url = notify_url(config)
     if url is not None:
-        from pipeline.run.alerts import check_webhook
+        from pipeline.run.console.alerts import check_webhook
 
         problem = check_webhook(url)
         if problem is not None:

@@ -71,7 +71,7 @@ STEP_DIR_MARKERS = frozenset({STATUS, STEP_JSON, LEASE})
 MANIFEST_DIR = "experiments"
 """Run manifests live in `<prefix>/experiments/`."""
 ALERTS_DIR = "alerts"
-"""`<prefix>/experiments/alerts/<run id>.jsonl`: the alerts a run sent (`pipeline.run.alerts`)."""
+"""`<prefix>/experiments/alerts/<run id>.jsonl`: the alerts a run sent (`pipeline.run.console.alerts`)."""
 
 _HASH = rf"[0-9a-f]{{{HASH_CHARS}}}"
 LABEL = re.compile(rf"^{NAME_PART}(/{NAME_PART})*-{_HASH}$")
@@ -117,7 +117,7 @@ def _host(host: int | None) -> str:
 
 
 def pulse_name(token: int, host: int | None = None) -> str:
-    """What a running attempt's process says of itself every few seconds (`pipeline.run.pulse`)."""
+    """What a running attempt's process says of itself every few seconds (`pipeline.run.in_step.pulse`)."""
     return f"attempt-{token}{_host(host)}.pulse"
 
 

@@ -1,10 +1,10 @@
 """Run manifests on storage: where they live, how they are written, and reading them back.
 
 A manifest is `<prefix>/experiments/<experiment>-<hash>.json` (the hash is over the DAG's step
-labels, so the same experiment run again updates the same file). `pipeline.run.manifest_builder` builds
-its content; this module names, writes and reads it. It is written one step per line: readable,
-and without `indent`, which pushes `json` onto its slow pure-Python encoder (seconds for a
-100,000-step manifest).
+labels, so the same experiment run again updates the same file).
+`pipeline.run.records.manifest_builder` builds its content; this module names, writes and reads
+it. It is written one step per line: readable, and without `indent`, which pushes `json` onto its
+slow pure-Python encoder (seconds for a 100,000-step manifest).
 """
 
 from __future__ import annotations

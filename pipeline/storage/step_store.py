@@ -187,7 +187,7 @@ class StepStore:
         return LeaseRecord.parse(self.storage.read_consistent(f"{step_dir}/{LEASE}"))
 
     def progress(self, step_dir: str, events: tuple[StatusEvent, ...]) -> Mapping[str, Any] | None:
-        """The `.progress` report (`pipeline.run.step_events.progress`) of the latest attempt in
+        """The `.progress` report (`pipeline.run.in_step.step_events.progress`) of the latest attempt in
         `events`; None without one, or when it is unreadable or an earlier attempt's."""
         runs = [e for e in events if e.event == Event.RUNNING]
         if not runs:

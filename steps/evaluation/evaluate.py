@@ -206,7 +206,7 @@ class _LossEvaluator:
 
 
 def report(config: EvaluateConfig) -> dict[str, Any] | None:
-    """The end-of-run summary (pipeline.run.hooks), also shown on the dashboard: the evaluation
+    """The end-of-run summary (pipeline.run.records.hooks), also shown on the dashboard: the evaluation
     table (a list of rows) and where the checkpoint and the loss plot are."""
     path = os.path.join(config.output, "results.json")
     if not exists(path):

@@ -384,7 +384,8 @@ def preview(config: ScalingFitConfig) -> str:
 
 
 def report(config: ScalingFitConfig) -> str | None:
-    """The end-of-run summary (pipeline.run.hooks): the law, its fit, the prediction, where files are."""
+    """The end-of-run summary (pipeline.run.records.hooks): the law, its fit, the prediction, where
+    files are."""
     path = os.path.join(config.output, "fit.json")
     if not exists(path):
         return None

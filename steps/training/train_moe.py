@@ -292,7 +292,7 @@ def _predicted_text(prediction: LossPrediction) -> str:
 
 
 def report(config: TrainMoeConfig) -> dict[str, Any] | None:
-    """The end-of-run summary (pipeline.run.hooks): how far the loss came down, where things are."""
+    """The end-of-run summary (pipeline.run.records.hooks): how far the loss came down, where things are."""
     from steps.training.metrics_file import read_metrics
 
     metrics_path = os.path.join(config.output, "metrics.jsonl")

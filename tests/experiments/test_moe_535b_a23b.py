@@ -95,7 +95,7 @@ def test_the_plan_lists_every_step_with_parameters_tokens_and_steps(tmp_path):
 def test_its_recipe_rebuilds_from_a_manifest_with_the_same_identities():
     import experiments.moe_535b_a23b as recipe_file
     from pipeline.core.dag import build_dag
-    from pipeline.run.recipe import recipe_entries, steps_from_manifest
+    from pipeline.run.records.recipe import recipe_entries, steps_from_manifest
 
     dag = build_dag([recipe_file.evaluation, recipe_file.tasks], "gs://bucket/runs")
     recipes = recipe_entries(dag, recipe_file.__file__)

@@ -24,7 +24,7 @@ from typing import Any
 import fsspec
 
 from pipeline import step_function
-from pipeline.run import step_events
+from pipeline.run.in_step import step_events
 
 __all__ = ["FILESYSTEMS", "MANIFEST", "PartsConfig", "log_call", "write_parts"]
 

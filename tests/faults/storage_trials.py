@@ -33,8 +33,8 @@ from pipeline.core.dag import build_dag
 from pipeline.core.plan import State, make_plan
 from pipeline.processes import current_owner
 from pipeline.run.backends.local import LocalBackend
-from pipeline.run.executor import ExecutionOptions, RunReport, execute
-from pipeline.run.provenance import step_info
+from pipeline.run.records.provenance import step_info
+from pipeline.run.scheduler.executor import ExecutionOptions, RunReport, execute
 from pipeline.storage.files import Storage
 from pipeline.storage.object_stores import RetryPolicy
 from pipeline.storage.step_store import StepStore

@@ -306,7 +306,7 @@ def test_numbers_out_of_range_are_corrupt_or_not_shown_never_a_crash(tmp_path):
     ("done", "total"), [(float("nan"), 10), (float("inf"), 10), (5, float("nan")), (1e308, 1e-308), ("x", 10)]
 )
 def test_progress_never_raises_whatever_it_is_given(tmp_path, done, total):
-    from pipeline.run.step_events import StepContext, progress
+    from pipeline.run.in_step.step_events import StepContext, progress
 
     context = StepContext(output_path=str(tmp_path), run_id="r", token=1)
     assert progress(done, total, "steps", context=context) is False

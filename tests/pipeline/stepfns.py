@@ -147,7 +147,7 @@ def exit_early(config: FailConfig) -> None:
 @step_function
 def warn_then_write(config: WriteConfig) -> None:
     """Report a WARNING note into the step's own .status, then succeed."""
-    from pipeline.run import step_events
+    from pipeline.run.in_step import step_events
 
     step_events.warn("loss spiked to 9.0 (3.0x the recent median)", {"step": 7})
     write_value(config)

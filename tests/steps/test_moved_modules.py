@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.dag import build_dag
-from pipeline.run.recipe import recipe_entries, steps_from_manifest
+from pipeline.run.records.recipe import recipe_entries, steps_from_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 # Recorded in a checkout at another path: its inputs' roots are written `@ROOT@` there.

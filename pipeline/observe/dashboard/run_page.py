@@ -3,13 +3,14 @@ status command, the logs of every host, the metrics file and the alerts channel.
 
     prediction   <step>/prediction.json (steps.scaling.prediction's format): the predicted eval-loss curve
                  and its band, and every evaluation so far placed on it
-    hosts        the latest attempt's pulses (`.logs/attempt-<T>[-host-<h>].pulse`, pipeline.run.pulse):
-                 per host, where it runs, how long since its last pulse and since its last progress
+    hosts        the latest attempt's pulses (`.logs/attempt-<T>[-host-<h>].pulse`,
+                 pipeline.run.in_step.pulse): per host, where it runs, how long since its last
+                 pulse and since its last progress
     attempts     each attempt in `.status`: when it started and ended, how (succeeded, preempted,
                  failed, interrupted, still running) and why (`cause`: lost machine, hung, crash
                  loop, error), with the message
     alerts       what the runs that ran the step sent about it (`<prefix>/experiments/alerts/<run
-                 id>.jsonl`, pipeline.run.alerts)
+                 id>.jsonl`, pipeline.run.console.alerts)
     host logs    each host's log of the latest attempt, and the last lines of the first host's
 
 Pure readers, like `data`: formats are read by path and JSON, nothing is written.
@@ -191,7 +192,7 @@ def _attempts(events: Sequence[StatusEvent]) -> tuple[Mapping[str, Any], ...]:
 
 
 def _cause(event: StatusEvent) -> str:
-    """The cause of an attempt recorded before causes were (`pipeline.run.executor`)."""
+    """The cause of an attempt recorded before causes were (`pipeline.run.scheduler.executor`)."""
     if event.event == "PREEMPTED":
         return "hung" if event.message.startswith("hung:") else "lost machine"
     if event.event == "FAILED":

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pipeline.core.plan import Plan
-from pipeline.run.gang import ALONE, Gang
-from pipeline.run.step_events import StepContext
+from pipeline.run.in_step.gang import ALONE, Gang
+from pipeline.run.in_step.step_events import StepContext
 from pipeline.step import Resources
 
 __all__ = ["Backend", "StepTask"]
@@ -38,21 +38,21 @@ class StepTask:
     token: int = 1
     """The attempt's fencing token: unique and growing across runs (names log files)."""
     run_id: str = ""
-    """The executor's run id (for notes the step reports, see `pipeline.run.step_events`)."""
+    """The executor's run id (for notes the step reports, see `pipeline.run.in_step.step_events`)."""
     lease_remaining: Callable[[], float] | None = None
     """Seconds this attempt's lease is surely still held, as the executor's heartbeat knows it
     (zero or less once it may have expired). Backends running the step in the executor's process
-    fence the step's writes with it (`pipeline.run.fence`); None: no fence."""
+    fence the step's writes with it (`pipeline.run.in_step.fence`); None: no fence."""
     followed: bool = False
     """Other steps of the run follow this one: the runner starts them once it has started."""
     lease_poll: float | None = None
     """For backends running the step in another process: how often that process re-reads the
-    step's `.lease` to fence the step's writes at the lease's expiry (see `pipeline.run.fence`).
+    step's `.lease` to fence the step's writes at the lease's expiry (see `pipeline.run.in_step.fence`).
     Must leave the executor's renewals time to land: poll + heartbeat interval < lease timeout.
     None: no fence."""
 
     def context(self, backend: str, gang: Gang = ALONE) -> StepContext:
-        """What `pipeline.run.step_events` needs inside the step function, run by `backend` in
+        """What `pipeline.run.in_step.step_events` needs inside the step function, run by `backend` in
         the process at `gang` (a gang of one unless the step spans hosts)."""
         return StepContext(self.output_path, self.run_id, self.token, backend, gang, self.followed)
 
@@ -64,7 +64,7 @@ class Backend(abc.ABC):
     name: str = "backend"
     queues: bool = False
     """Whether an attempt may wait for resources after its lease is taken (Ray's scheduler): then
-    its function announces its start (`pipeline.run.pulse.announce_start`) and `drydock status`
+    its function announces its start (`pipeline.run.in_step.pulse.announce_start`) and `drydock status`
     shows it QUEUED until then. The local backend starts a function as soon as it leases it."""
     remote_workers: bool = False
     """Whether step functions may run on another host than the executor: then they can outlive
@@ -80,7 +80,7 @@ class Backend(abc.ABC):
     @staticmethod
     def fan_out(fn: Callable[..., T], args: Sequence[tuple[Any, ...]], max_workers: int) -> Iterator[T]:
         """`fn(*a)` for every `a`, in parallel, for a step running on this backend (see
-        `pipeline.run.parallel`); results in completion order. Here: local processes (spawned:
+        `pipeline.run.in_step.parallel`); results in completion order. Here: local processes (spawned:
         the executor runs steps in threads, and forking a threaded process is unsafe)."""
         import multiprocessing
 

@@ -6,7 +6,7 @@ raises `StepCancelled` inside the function's thread. Python delivers that except
 function's next Python instruction, so a function blocked inside C code stops when it returns
 to Python; either way its result is never committed.
 
-When the task carries a lease deadline, the function's thread is fenced (`pipeline.run.fence`): once
+When the task carries a lease deadline, the function's thread is fenced (`pipeline.run.in_step.fence`): once
 the lease may have expired, its file writes are refused with `LeaseExpired`. That covers a
 runner frozen past its lease, whose function resumes before its heartbeat notices the loss.
 Threads the function starts itself are not fenced (they do not share its context).
@@ -23,8 +23,8 @@ from typing import Any
 from pipeline.core.plan import Plan, State
 from pipeline.errors import StepCancelled, StepDeclarationError
 from pipeline.run.backends.base import Backend, StepTask
-from pipeline.run.call_step import Placement, call_step
-from pipeline.run.fence import Fence, LeaseExpired
+from pipeline.run.in_step.call_step import Placement, call_step
+from pipeline.run.in_step.fence import Fence, LeaseExpired
 from pipeline.storage.layout import LOGS_DIR, log_name
 
 __all__ = ["LocalBackend", "check_declared"]

@@ -17,7 +17,7 @@ Mapping of `Resources` to Ray:
                                    share each (all or nothing); a probe task on bundle 0 picks
                                    a free port on host 0 for JAX's coordinator; one task per
                                    bundle runs the step function, each told its place
-                                   (`pipeline.run.gang.Gang`: index, size, coordinator).
+                                   (`pipeline.run.in_step.gang.Gang`: index, size, coordinator).
 
 Gangs (any of the two above): each process's place is in its `StepContext` (`current_gang()`).
 One host's task failing ends the whole gang at once: the other tasks are cancelled, the
@@ -30,7 +30,7 @@ with the remote traceback. In a gang, if any host was lost the gang was preempte
 other hosts raised when their peer went away. The executor retries each on its own budget.
 
 Fencing: while a task runs, a watcher thread in its worker re-reads the step's `.lease` every
-`StepTask.lease_poll` seconds, and the worker refuses the step's file writes (`pipeline.run.fence`,
+`StepTask.lease_poll` seconds, and the worker refuses the step's file writes (`pipeline.run.in_step.fence`,
 process-wide: the worker runs only this task, and threads the step starts are fenced too) once
 the lease's `expires` has passed or the lease is no longer this attempt's. A live driver renews
 the lease before then, so it never trips; a frozen driver stops renewing, and its worker stops
@@ -88,11 +88,11 @@ from pipeline.run.backends.ray_support import (
     private_ip,
     quiet_auth_notice,
 )
-from pipeline.run.call_step import Placement, call_step, lease_fence
-from pipeline.run.fence import LeaseExpired
-from pipeline.run.gang import ALONE, Gang
+from pipeline.run.in_step.call_step import Placement, call_step, lease_fence
+from pipeline.run.in_step.fence import LeaseExpired
+from pipeline.run.in_step.gang import ALONE, Gang
+from pipeline.run.in_step.step_events import StepContext
 from pipeline.run.options import RayOptions
-from pipeline.run.step_events import StepContext
 from pipeline.step import hooks_of
 from pipeline.storage.layout import LOGS_DIR, log_name
 
@@ -139,7 +139,7 @@ def _call_step(
     valid_until: float | None = None,
     label: str = "",
 ) -> None:
-    """Runs on a Ray worker: the step function through `pipeline.run.call_step`, fenced by its lease,
+    """Runs on a Ray worker: the step function through `pipeline.run.in_step.call_step`, fenced by its lease,
     its output copied to the step's logs."""
     # A segfault's Python stack goes to the worker's stderr (Ray's worker log on that node).
     faulthandler.enable()
@@ -253,7 +253,7 @@ class RayBackend(Backend):
                 )
             self._owns_ray = True
         # A private instance's workers run on this host, where they close their fence as soon as
-        # the driver exits (`pipeline.run.call_step`); a cluster's may be anywhere (it may grow, so
+        # the driver exits (`pipeline.run.in_step.call_step`); a cluster's may be anywhere (it may grow, so
         # an address counts as a cluster). An instance started before us: by its nodes now.
         self.remote_workers = bool(self._address) or (
             not self._owns_ray and sum(1 for n in ray.nodes() if n.get("Alive")) > 1

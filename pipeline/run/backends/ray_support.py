@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 
 from pipeline.errors import StepDeclarationError
-from pipeline.run.gang import Gang
+from pipeline.run.in_step.gang import Gang
 
 __all__ = [
     "captured_stderr",

@@ -108,7 +108,7 @@ def test_adopting_into_an_object_store_prefix_from_local_disk_and_from_the_store
     import experiments.hello as hello
     from pipeline import ExecutorMainConfig, run_experiment
     from pipeline.core.dag import build_dag
-    from pipeline.run.adopt import adopt
+    from pipeline.run.scheduler.adopt import adopt
     from pipeline.storage.step_store import StepStore
     from tests.s3server import s3_bucket_environment
 
@@ -243,7 +243,7 @@ def test_a_stalled_adopt_loses_its_lease_and_leaves_the_new_owners_output_alone(
 
 KILLED_MID_PROMOTION = """
 import os, signal, sys
-import pipeline.run.adopt as adopt
+import pipeline.run.scheduler.adopt as adopt
 
 def half_then_killed(storage, staging, names, directory, check):
     # Move half the staged entries into the step directory as promote does, then die as SIGKILL

@@ -1,6 +1,6 @@
 """What a run prints: where steps run first, one line per state change, the steps' own output
 only in their attempt logs (unless --verbose), a failed step's log tail, plain lines when piped,
-and the live progress of running steps (`pipeline.run.console`)."""
+and the live progress of running steps (`pipeline.run.console.console`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from pipeline.run.console import RunConsole
+from pipeline.run.console.console import RunConsole
 from pipeline.storage.files import LocalStorage
 from tests.pipeline.cli.test_cli import drydock
 

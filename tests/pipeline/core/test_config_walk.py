@@ -211,7 +211,7 @@ def test_collect_refs_self_referencing_config_is_an_error() -> None:
 
 
 def _encode(step: str, config: Any) -> Any:
-    from pipeline.run.recipe_codec import encode_value
+    from pipeline.run.records.recipe_codec import encode_value
 
     return encode_value(config, {}, step)
 
@@ -558,7 +558,7 @@ def test_a_field_that_applies_only_sometimes_keeps_its_identity_and_is_named_whe
     """`applies_when`: the Muon-only rate of an optimizer spec. Marking the field changes no
     identity; `.step.json` lists it as inapplicable for AdamW, so views leave it out."""
     from pipeline.core.dag import build_dag
-    from pipeline.run.provenance import step_info
+    from pipeline.run.records.provenance import step_info
     from pipeline.step import Step, applies_when, inapplicable_fields, this_output, versioned
 
     @dataclass(frozen=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pipeline import ExecutorMainConfig, Step, output_of, run_experiment, this_output, versioned
 from pipeline.core.dag import build_dag
 from pipeline.observe.explain import diff_payloads, explain_step, format_explanation, plan_explanations
-from pipeline.run.executor import RunReport
 from pipeline.run.experiment import prepare
+from pipeline.run.scheduler.executor import RunReport
 from pipeline.storage.files import LocalStorage
 from pipeline.storage.step_store import StepStore
 from tests.pipeline.stepfns import WriteConfig, write_value

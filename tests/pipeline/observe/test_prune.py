@@ -23,7 +23,7 @@ from pipeline.observe.prune import (
 )
 from pipeline.observe.render import format_size
 from pipeline.processes import current_owner
-from pipeline.run.executor import RunReport
+from pipeline.run.scheduler.executor import RunReport
 from pipeline.storage.files import LocalStorage
 from pipeline.storage.prefix_walk import find_step_dirs
 from pipeline.storage.step_store import StepStore

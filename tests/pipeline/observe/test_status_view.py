@@ -23,7 +23,7 @@ from pipeline.observe.status import (
     watch,
 )
 from pipeline.processes import current_owner
-from pipeline.run import step_events
+from pipeline.run.in_step import step_events
 from pipeline.storage.files import LocalStorage
 from pipeline.storage.step_store import StepStore
 
@@ -163,7 +163,7 @@ def test_progress_outside_a_step_only_logs(tmp_path, caplog, monkeypatch):
     # Outside a step every caller shares one pace (a step function called directly by an earlier
     # test reported 100% of its own work there): start from none.
     monkeypatch.setattr(step_events, "_progress_state", {})
-    caplog.set_level("INFO", logger="pipeline.run.step_events")
+    caplog.set_level("INFO", logger="pipeline.run.in_step.step_events")
     assert not step_events.progress(5, 10, "shards", clock=lambda: 0.0)
     assert "50% (5 of 10 shards)" in caplog.text
 

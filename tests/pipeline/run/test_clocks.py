@@ -19,9 +19,9 @@ from pipeline.core.lease import Owner
 from pipeline.core.plan import State
 from pipeline.processes import current_owner, host_id
 from pipeline.run.backends.local import LocalBackend
-from pipeline.run.executor import ExecutionOptions, RunReport, execute
+from pipeline.run.console.reporter import Reporter
 from pipeline.run.experiment import prepare
-from pipeline.run.reporter import Reporter
+from pipeline.run.scheduler.executor import ExecutionOptions, RunReport, execute
 from pipeline.storage.step_store import StepStore
 from tests.pipeline.stepfns import SleepConfig, calls, sleep_then_write
 

@@ -15,7 +15,7 @@ from pipeline import ExecutorMainConfig, Step, run_experiment, this_output, vers
 from pipeline.core.report import RunReport
 from pipeline.storage.opening import open_storage
 from tests.pipeline.objstepfns import add_values
-from tests.pipeline.run.test_recipe import drydock
+from tests.pipeline.run.records.test_recipe import drydock
 from tests.pipeline.stepfns import WriteConfig
 from tests.s3server import s3_bucket_environment
 

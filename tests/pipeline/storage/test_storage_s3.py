@@ -29,7 +29,7 @@ from pipeline.core.plan import State
 from pipeline.core.records import Event
 from pipeline.errors import StorageError
 from pipeline.processes import current_owner
-from pipeline.run.executor import RunReport
+from pipeline.run.scheduler.executor import RunReport
 from pipeline.storage.files import ConditionalStorage
 from pipeline.storage.object_stores import S3Objects
 from pipeline.storage.opening import open_storage

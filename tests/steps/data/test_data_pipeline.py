@@ -9,8 +9,8 @@ import pytest
 
 from pipeline import ExecutorMainConfig, run_experiment
 from pipeline.core.plan import Plan, State
-from pipeline.run.executor import RunReport
-from pipeline.run.hooks import step_previews
+from pipeline.run.records.hooks import step_previews
+from pipeline.run.scheduler.executor import RunReport
 from steps.data.mixture import load_data_config, mixture_step
 from steps.data.tokenize import tokenize_step
 from steps.models import TINY_MOE
@@ -98,7 +98,7 @@ def test_the_plan_shows_training_parameters_and_tokens_before_any_data_exists(tm
 @pytest.mark.parametrize(("rate", "warned"), [(3e3, True), (3e-3, False), (1e-9, True)])
 def test_the_plan_warns_of_a_learning_rate_far_outside_any_usual_range(tmp_path, rate, warned):
     """`learning_rate=3e3` for `3e-3`: said by the plan (and as a run starts), not refused."""
-    from pipeline.run.hooks import step_warnings
+    from pipeline.run.records.hooks import step_warnings
     from steps.training.train_moe import OptimizerSpec, train_moe_step
 
     train = train_moe_step(

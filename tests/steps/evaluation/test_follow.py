@@ -193,7 +193,7 @@ def test_an_evaluation_of_a_checkpoint_retention_deletes_is_refused():
 
 def test_a_follower_reports_how_many_checkpoints_it_has_evaluated(tmp_path):
     """`status` and the dashboard show "4/4 checkpoints", not just RUNNING."""
-    from pipeline.run.step_events import StepContext, bind
+    from pipeline.run.in_step.step_events import StepContext, bind
 
     training = Training(tmp_path / "prefix", [[10], [20], [30, 39]])
     step_dir = tmp_path / "follower"

@@ -13,11 +13,11 @@ import pytest
 from jinja2.exceptions import SecurityError
 
 from pipeline.core.dag import build_dag
-from pipeline.run.recipe import iter_recipes
+from pipeline.run.records.recipe import iter_recipes
 from steps.evaluation.demo_tasks import DEMO_TASKS, demo_task
 from steps.evaluation.eval_tasks import METRICS, check_tasks, lm_eval_spec
 from steps.evaluation.task_templates import TaskTemplate, TemplateError, compile_template
-from tests.pipeline.run.test_recipe import drydock
+from tests.pipeline.run.records.test_recipe import drydock
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -31,8 +31,8 @@ import pytest
 from pipeline.core.records import Event
 from pipeline.observe.render import format_preview
 from pipeline.processes import current_owner
-from pipeline.run import step_events
-from pipeline.run.fence import Fence, LeaseExpired, fenced_thread
+from pipeline.run.in_step import step_events
+from pipeline.run.in_step.fence import Fence, LeaseExpired, fenced_thread
 from pipeline.storage.opening import open_storage
 from pipeline.storage.step_store import StepStore
 from steps.evaluation.evaluate import EvaluateConfig, plot_loss

@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.core.records import Event
 from pipeline.processes import current_owner
-from pipeline.run import step_events
+from pipeline.run.in_step import step_events
 from pipeline.storage.files import LocalStorage
 from pipeline.storage.step_store import StepStore
 from steps.training.levanter_fixes import jit_log_breaks_grad

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pytest
 
 from pipeline import ExecutorMainConfig, Step, output_of, run_experiment, this_output, versioned
-from pipeline.run.executor import RunReport
+from pipeline.run.scheduler.executor import RunReport
 from tests.pipeline.observe.dashboard.fixture_steps import (
     CorpusConfig,
     EvalConfig,

@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass
 
 from pipeline import step_function
-from pipeline.run import step_events
-from pipeline.run.pulse import pulse
+from pipeline.run.in_step import step_events
+from pipeline.run.in_step.pulse import pulse
 from pipeline.steplib import EVIDENCE_DIR, KEPT_DIR, evidence_line
 from steps.scaling.prediction import Curve
 
@@ -101,7 +101,7 @@ def predicted_at(step: int) -> float:
 def train_tiny(config: TrainConfig) -> None:
     """Writes metrics.jsonl as steps.training.tracker.JsonlTracker does while training runs: Levanter's
     long keys, and a step's metrics spread over several lines that readers merge; prediction.json
-    as steps.scaling.prediction writes it; and keeps a pulse (pipeline.run.pulse) every 50 ms."""
+    as steps.scaling.prediction writes it; and keeps a pulse (pipeline.run.in_step.pulse) every 50 ms."""
     os.makedirs(config.output, exist_ok=True)
     context = step_events.current()
     assert context is not None, "the executor binds a step context around every step function"

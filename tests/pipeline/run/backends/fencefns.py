@@ -10,7 +10,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from pipeline.run import step_events
+from pipeline.run.in_step import step_events
 
 __all__ = ["TicksConfig", "write_ticks"]
 

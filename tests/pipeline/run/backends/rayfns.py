@@ -123,8 +123,8 @@ class FanConfig:
 
 
 def fan_out(config: FanConfig) -> None:
-    """A step that fans out with `pipeline.run.parallel.parallel_map` and records where it ran."""
-    from pipeline.run.parallel import parallel_map
+    """A step that fans out with `pipeline.run.in_step.parallel.parallel_map` and records where it ran."""
+    from pipeline.run.in_step.parallel import parallel_map
 
     results = sorted(parallel_map(in_ray_worker, [(i,) for i in range(config.n)], max_workers=2))
     os.makedirs(config.output, exist_ok=True)

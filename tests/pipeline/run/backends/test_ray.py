@@ -22,7 +22,7 @@ from pipeline import (  # noqa: E402
 from pipeline.core.plan import State  # noqa: E402
 from pipeline.core.records import Event  # noqa: E402
 from pipeline.errors import StepDeclarationError  # noqa: E402
-from pipeline.run.executor import RunReport  # noqa: E402
+from pipeline.run.scheduler.executor import RunReport  # noqa: E402
 from pipeline.storage.files import LocalStorage  # noqa: E402
 from pipeline.storage.step_store import StepStore  # noqa: E402
 from tests.pipeline.run.backends.rayfns import (  # noqa: E402

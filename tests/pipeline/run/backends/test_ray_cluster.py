@@ -30,7 +30,7 @@ pytest.importorskip("ray")
 
 from pipeline import ExecutorMainConfig, Resources, Step, run_experiment, this_output, versioned
 from pipeline.core.records import Event
-from pipeline.run.executor import RunReport
+from pipeline.run.scheduler.executor import RunReport
 from pipeline.storage.files import LocalStorage
 from pipeline.storage.step_store import StepStore
 from tests.pipeline.run.backends.rayfns import CrashConfig, ProbeConfig, probe, segfault

@@ -117,8 +117,8 @@ def test_a_frozen_drivers_ray_worker_writes_nothing_after_the_lease_expires(tmp_
 
 def test_the_worker_reads_its_deadline_from_the_lease(tmp_path):
     from pipeline.processes import current_owner
-    from pipeline.run.call_step import _lease_deadline
-    from pipeline.run.step_events import StepContext
+    from pipeline.run.in_step.call_step import _lease_deadline
+    from pipeline.run.in_step.step_events import StepContext
 
     store = StepStore(LocalStorage(), clock=lambda: 1000.0)
     owner = current_owner()

@@ -1,5 +1,5 @@
 """A package whose modules moved, as `steps` did: its `MOVED` table says where each old path lives
-now (tests/pipeline/run/test_moved_references.py)."""
+now (tests/pipeline/run/records/test_moved_references.py)."""
 
 MOVED = {
     "tests.pipeline.run.movedpkg.old": "tests.pipeline.run.movedpkg.new",
