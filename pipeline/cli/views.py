@@ -371,8 +371,10 @@ def _data(target: str, argv: Sequence[str]) -> int:
         if entry is None:
             names = ", ".join(sorted({e.name for e in source.entries}))
             raise StepDeclarationError(None, f"no step {wanted!r} in {target} (steps: {names})", field="STEP")
+        # Evidence is data anyone who can write the prefix may have changed: read it confined to
+        # the prefix, so a symbolic link in `removed/` cannot have a file from elsewhere printed.
         sample = read_data_sample(
-            source.store.storage,
+            open_storage(source.prefix, confine=True),
             entry.output_path,
             per_reason=known.samples,
             kept=known.samples,

@@ -102,3 +102,21 @@ def test_drydock_data_prints_the_reasons_and_documents_and_says_clearly_what_it_
         failed = drydock("data", manifest, *args)
         assert failed.returncode == 2 and failed.stdout == "", args
         assert len(failed.stderr.strip().splitlines()) == 1 and field in failed.stderr, failed.stderr
+
+
+def test_drydock_data_never_follows_a_symbolic_link_out_of_the_prefix(curated, tmp_path):
+    # A step's evidence is data anyone with write access to the prefix may have changed: a link
+    # in `removed/` to a file elsewhere on this machine must not have `drydock data` print it.
+    prefix, manifest, labels = curated
+    secret = tmp_path / "secret.jsonl"
+    secret.write_text(json.dumps({"reason": "too_short", "text": "PRIVATE KEY MATERIAL", "doc": 0}) + "\n")
+    removed = Path(prefix, labels["data/corpus"], "removed")
+    link = removed / "0-aaa-link.jsonl"  # first in name order: read before the real shards
+    link.symlink_to(secret)
+    try:
+        shown = drydock("data", manifest, "data/corpus", "--samples", "5", "--json")
+        assert shown.returncode == 0, shown.stderr
+        assert "PRIVATE KEY MATERIAL" not in shown.stdout
+        assert json.loads(shown.stdout)["removed"]["too_short"]  # the real evidence is still shown
+    finally:
+        link.unlink()
