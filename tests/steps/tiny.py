@@ -13,10 +13,13 @@ it against a prediction (test_prediction), or run it as a gang of hosts (test_mu
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -121,8 +124,60 @@ def experiment(tmp_path: Path, model: dict, optimizer: dict, steps: int) -> Path
     return path
 
 
-def command(exp: Path, prefix: Path | str, *extra: str) -> list[str]:
-    """`drydock run` of `exp` on `prefix` (a path or URL) with the local backend, then `extra`."""
+DEMO_TOKENS = """
+from pipeline import executor_main
+from tests.steps.tiny import tok
+if __name__ == "__main__":
+    executor_main([tok("prose"), tok("arithmetic")])
+"""
+
+_demo_tokens: Path | None = None
+
+
+def demo_tokens() -> Path:
+    """A prefix holding the demo corpus tokenized (`tok("prose")`, `tok("arithmetic")`), made once
+    per test session by `drydock run`, as a test's run would make it. Tokenizing it took 7 to 17 s
+    of every training test's run; a test's new local prefix starts from a copy instead (`seed`):
+    identities do not depend on the prefix, so the copies are CACHED steps of the same identity."""
+    global _demo_tokens
+    if _demo_tokens is None:
+        where = Path(tempfile.mkdtemp(prefix="drydock-demo-tokens-"))
+        atexit.register(shutil.rmtree, where, ignore_errors=True)
+        exp = where / "demo_tokens.py"
+        exp.write_text(DEMO_TOKENS)
+        result = subprocess.run(
+            command(exp, where / "prefix", seeded=False),
+            env=env(),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        _demo_tokens = where / "prefix"
+    return _demo_tokens
+
+
+def seed(prefix: Path | str) -> None:
+    """Start a new `prefix` (a path, or a URL on an object store this process's environment
+    reaches) with the session's demo tokens (`demo_tokens`); a prefix that exists already (a
+    rerun) is left as it is."""
+    tokens = demo_tokens() / "tokenized"
+    if "://" in str(prefix):
+        import fsspec
+
+        fs, path = fsspec.core.url_to_fs(str(prefix))
+        if not fs.exists(path):
+            fs.put(str(tokens), f"{path}/tokenized", recursive=True)
+    elif not os.path.exists(prefix):
+        shutil.copytree(tokens, Path(prefix) / "tokenized")
+
+
+def command(exp: Path, prefix: Path | str, *extra: str, seeded: bool = True) -> list[str]:
+    """`drydock run` of `exp` on `prefix` (a path or URL) with the local backend, then `extra`.
+    A new local prefix is `seed`ed first (`seeded=False`: a test that must see the tokenizing)."""
+    if seeded:
+        seed(prefix)
     return [
         sys.executable,
         "-m",

@@ -38,7 +38,7 @@ from steps.scaling.prediction import (
     resolve_curve,
 )
 from steps.training.metrics_file import read_events, read_metrics
-from tests.steps.tiny import train
+from tests.steps.tiny import seed, train
 
 ROOT = Path(__file__).resolve().parents[3]
 LAW = LawFit.of("chinchilla", E=1.6, A=400.0, alpha=0.45, B=1500.0, beta=0.4)
@@ -278,6 +278,7 @@ def test_a_training_off_its_prediction_warns_alerts_and_shows_it(tmp_path, webho
     experiment = tmp_path / "predicted.py"
     experiment.write_text(EXPERIMENT.format(root=str(ROOT), points=json.dumps(described)))
     prefix = tmp_path / "prefix"
+    seed(prefix)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     url, received = webhook
 

@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 
 from steps.training.checkpoints import complete_checkpoints, kept_steps_of
 from steps.training.metrics_file import read_metrics
+from tests.steps.tiny import command
 
 pytestmark = pytest.mark.slow
 
@@ -39,10 +39,6 @@ if __name__ == "__main__":
 
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
-
-
-def command(exp: Path, prefix: Path) -> list[str]:
-    return [sys.executable, "-m", "pipeline", "run", str(exp), "--prefix", str(prefix), "--backend", "local"]
 
 
 def train_dir(prefix: Path) -> Path:

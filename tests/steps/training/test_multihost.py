@@ -40,6 +40,7 @@ import pytest
 
 from steps.training.metrics_file import read_events, read_metrics
 from tests.raycluster import ray_cluster, ray_env
+from tests.steps.tiny import seed
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -136,6 +137,7 @@ def data_prefix(tmp_path_factory, experiment) -> Path:
     """The tokenized data and the mixture, made once (local backend); each test's prefix starts
     from a copy (identities do not depend on the prefix, so the copies are cached)."""
     prefix = tmp_path_factory.mktemp("data") / "prefix"
+    seed(prefix)  # the demo corpus tokenized once per session (tests.steps.tiny.demo_tokens)
     result = drydock(experiment, prefix, "--backend", "local", "--only", "mixture/")
     assert result.returncode == 0, result.stderr[-3000:]
     return prefix

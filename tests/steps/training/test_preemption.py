@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from steps.training.metrics_file import read_metrics
-from tests.steps.tiny import QWEN, ROOT, command, env, experiment, ledger_of, step_dir
+from tests.steps.tiny import QWEN, ROOT, command, env, experiment, ledger_of, seed, step_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -44,6 +44,7 @@ def between_checkpoints(prefix: Path, run: subprocess.Popen, avoid: tuple[int, .
 def test_sigterm_saves_the_step_in_hand_and_the_retry_resumes_from_it(tmp_path):
     exp = experiment(tmp_path, QWEN, dict(name="adamw", learning_rate=3e-3), steps=STEPS)
     prefix = tmp_path / "prefix"
+    seed(prefix)
     run = subprocess.Popen(
         [sys.executable, "-m", "pipeline", "run", str(exp), "--prefix", str(prefix)],
         env={**env(), "RAY_AUTH_MODE": "disabled"},

@@ -52,7 +52,7 @@ from steps.training.metrics_file import (
 from steps.training.spikes import SpikePolicy
 from steps.training.tracker import JsonlTracker
 from tests.s3server import s3_bucket_environment
-from tests.steps.tiny import EXPERIMENT, QWEN, ROOT
+from tests.steps.tiny import EXPERIMENT, QWEN, ROOT, seed
 from tests.steps.tiny import command as tiny_command
 
 BUCKET = "drydock-train-test"
@@ -572,7 +572,7 @@ def test_an_experiment_on_s3_trains_resumes_after_a_kill_and_evaluates(s3_env, t
     cwd.mkdir()
     env = {**os.environ, **s3_env, "PYTHONPATH": str(ROOT), "DRYDOCK_SCRATCH": str(scratch)}
     env["RAY_AUTH_MODE"] = "disabled"
-    command = [sys.executable, "-m", "pipeline", "run", str(exp), "--prefix", prefix, "--backend", "local"]
+    command = tiny_command(exp, prefix)
 
     proc, _, _ = _run_until_a_checkpoint(command, env, cwd, prefix)
     proc.send_signal(signal.SIGKILL)
@@ -784,6 +784,7 @@ def test_a_ray_run_on_an_object_store_with_a_follower_is_killed_and_resumed(s3_e
     exp.write_text(text)
     env = {**os.environ, **s3_env, "PYTHONPATH": str(ROOT), "DRYDOCK_SCRATCH": str(tmp_path / "scratch")}
     env["RAY_AUTH_MODE"] = "disabled"
+    seed(prefix)
     command = [sys.executable, "-m", "pipeline", "run", str(exp), "--prefix", prefix, "--ray.num_cpus", "2"]
     proc, _, _ = _run_until_a_checkpoint(command, env, tmp_path, prefix)
     proc.send_signal(signal.SIGKILL)  # the runner; its private Ray instance goes with it

@@ -5,18 +5,16 @@ few steps so that the loss becomes NaN. Each training runs in its own `drydock r
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from steps.training.metrics_file import read_events, read_metrics
-from tests.steps.tiny import ledger_of
+from tests.steps.tiny import command, env, ledger_of
 
 pytestmark = pytest.mark.slow
 
@@ -104,14 +102,6 @@ def write_experiment(tmp_path: Path, name: str, *, corrupt: bool, policy: dict, 
         )
     )
     return path
-
-
-def command(exp: Path, prefix: Path) -> list[str]:
-    return [sys.executable, "-m", "pipeline", "run", str(exp), "--prefix", str(prefix), "--backend", "local"]
-
-
-def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
 def run(exp: Path, prefix: Path) -> subprocess.CompletedProcess[str]:
