@@ -395,7 +395,6 @@ class ConfigRefs:
     (`pipeline.run.records.manifest_builder` reuses a manifest's encoded steps on that condition)."""
 
 
-_SIMPLE = frozenset({str, int, bool, type(None)})
 # Met by every walk, and named by the plain form itself: not among a config's `kinds`.
 _NAMED_BY_PLAIN = frozenset({list, dict, Versioned, OutputOf, ThisOutput})
 
@@ -418,7 +417,7 @@ class _Collect(_Plain):
         self.in_versioned = outer
         if path not in self.versioned:
             # to_plain of a plain str, int, bool or None (without a prefix) is the value itself.
-            simple = type(inner) in _SIMPLE
+            simple = type(inner) in PLAIN_TYPES
             self.versioned[path] = inner if simple else to_plain(self.step, path, inner, strict=True)
         return plain
 
