@@ -23,8 +23,10 @@ Levanter's own models, so the trainer, checkpoints, the mesh, evaluation and lm-
                       path, so weight decay leaves it alone. `aux_loss`: the Switch Transformer's
                       E x sum(load x mean probability), times `load_balancing_loss_coef`. `none`.
 
-The parameter counts come from the model's own shapes (`counted_parameters`: `jax.eval_shape` of
-its init, no memory), with the routed experts' weights counted k/E toward the active count.
+Inside a training, the parameter counts come from the model's own shapes (`counted_parameters_of`:
+`jax.eval_shape` of its init, no memory), with the routed experts' weights counted k/E toward the
+active count; planning counts by arithmetic (`steps.models.levanter_fields.counted_drydock`), which
+the tests hold equal to these.
 """
 
 from __future__ import annotations

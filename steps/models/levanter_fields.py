@@ -1,6 +1,7 @@
 """The fields of Levanter's MoE configs that mean the same thing in every family (Drydock's own is
-built on Qwen3-MoE's), written once; and the parameter count of Levanter's own families, by
-arithmetic (the tests check it against the models Levanter builds)."""
+built on Qwen3-MoE's), written once; and the parameter counts of every family, by arithmetic (the
+tests check each against the models Levanter and `steps.models.drydock_moe` build): planning
+counts parameters, and must not import JAX to do it."""
 
 from __future__ import annotations
 
@@ -28,6 +29,33 @@ def counted(model: MoeModelConfig, vocab_size: int, *, qk_norm: bool) -> tuple[i
     total = layers * layer + norm + embed + head
     active = total - layers * (experts - k) * expert
     return total, active
+
+
+def counted_drydock(model: MoeModelConfig, vocab_size: int) -> tuple[int, int]:
+    """(total, active) of a drydock_moe model (`steps.models.drydock_moe`): Qwen3-MoE's layer with
+    the global layers' own KV heads, `num_shared_experts` shared experts of their own width (one
+    dense MLP), and a per-expert router bias under `bias` balancing. Arithmetic: building the
+    model's shapes to count them imported JAX and Levanter into every plan of such a model (11 s
+    of the hero's `drydock plan`, which takes 1 s without)."""
+    d, layers = model.hidden_dim, model.num_layers
+    h, hd = model.num_heads, model.actual_head_dim
+    experts, k, m = model.num_experts, model.num_experts_per_token, model.expert_intermediate_dim
+    shared_width = (model.shared_expert_intermediate_dim or m) * model.num_shared_experts
+
+    def attention(kv: int) -> int:
+        return d * hd * (h + 2 * kv) + h * hd * d + (2 * hd if model.qk_norm else 0)
+
+    moe = d * experts + experts * 3 * d * m + 3 * d * shared_width
+    moe += experts if model.balancing == "bias" else 0
+    global_layers = layers // model.global_every
+    global_kv = model.num_global_kv_heads or model.num_kv_heads
+    attentions = (layers - global_layers) * attention(model.num_kv_heads) + global_layers * attention(
+        global_kv
+    )
+    embed = vocab_size * d
+    head = 0 if model.tie_embeddings else vocab_size * d
+    total = attentions + layers * (moe + 2 * d) + d + embed + head
+    return total, total - layers * (experts - k) * 3 * d * m
 
 
 def common_fields(model: MoeModelConfig, seq_len: int, tokenizer: str | None) -> dict[str, Any]:

@@ -1,14 +1,16 @@
 """Drydock's own family (`steps.models.drydock_moe`): routed plus shared experts, local layers with
 a sliding window and their own KV-head count, a global layer every Nth, QK norm, and loss-free
-balancing (a router bias) or an auxiliary loss. Its parameters are counted from the model's own
-shapes (`jax.eval_shape` of its init), so the count cannot drift from what trains; no Hugging Face
-architecture holds it, so train_moe writes its own export."""
+balancing (a router bias) or an auxiliary loss. Its parameters are counted by arithmetic
+(`steps.models.levanter_fields.counted_drydock`: a plan imports no JAX), which the tests hold equal
+to the count from the model's own shapes; no Hugging Face architecture holds it, so train_moe
+writes its own export."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from steps.models.config import FAMILY_FIELDS, ModelFamily, MoeModelConfig, register
+from steps.models.levanter_fields import counted_drydock
 
 
 def _check(model: MoeModelConfig) -> None:
@@ -61,15 +63,6 @@ def _check(model: MoeModelConfig) -> None:
         raise ValueError("model.load_balancing_loss_coef: balancing 'aux_loss' needs a coefficient > 0")
 
 
-def _parameter_counts(model: MoeModelConfig, vocab_size: int) -> tuple[int, int]:
-    from steps.imports import LEVANTER_MODELS, import_ml
-
-    import_ml(*LEVANTER_MODELS)  # planning may count while steps run in threads
-    from steps.models.drydock_moe_export import counted_parameters
-
-    return counted_parameters(model, vocab_size)
-
-
 def _to_levanter(model: MoeModelConfig, seq_len: int, tokenizer: str | None) -> Any:
     from steps.models.drydock_moe_export import levanter_config
 
@@ -80,7 +73,7 @@ DRYDOCK_MOE = register(
     ModelFamily(
         name="drydock_moe",
         check=_check,
-        parameter_counts=_parameter_counts,
+        parameter_counts=counted_drydock,
         to_levanter=_to_levanter,
         own_fields=FAMILY_FIELDS,
         free_head_dim=True,

@@ -1,10 +1,12 @@
 """The drydock_moe family against plain references, on tiny sizes on the CPU: windowed attention
 against an explicit band mask, the MoE block against a per-token loop, the balancing bias (it
-moves the choice, never the weights, and evens out a skewed router), counts from shapes, export."""
+moves the choice, never the weights, and evens out a skewed router), counts (arithmetic, against the
+built model's shapes), export."""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 
 import equinox as eqx
@@ -20,7 +22,7 @@ from levanter.layers.attention import Attention, AttentionMask
 from pipeline import StepDeclarationError
 from steps.models import MoeModelConfig, parameter_counts
 from steps.models.drydock_moe import DrydockMoeBlock, DrydockMoeLMHeadModel
-from steps.models.drydock_moe_export import export_model, levanter_config, load_export
+from steps.models.drydock_moe_export import counted_parameters, export_model, levanter_config, load_export
 
 SPEC = MoeModelConfig(
     family="drydock_moe",
@@ -280,6 +282,41 @@ def test_counts_come_from_the_model_it_builds():
         == 2 * (3088 + 256 + 12288 + 3072 + 8 + 64) + 2 * (2576 + 256 + 12288 + 3072 + 8 + 64) + 32 + 6400
     )
     assert active == total - 4 * 12288 * 6 // 8
+
+
+@pytest.mark.parametrize(
+    ("tie", "qk", "head_dim", "shared", "shared_width", "global_every", "global_kv", "balancing"),
+    [
+        (tie, qk, head_dim, shared, width, every, global_kv, balancing)
+        for tie, qk, head_dim, (shared, width), every, global_kv, balancing in itertools.product(
+            [False, True],
+            [True, False],
+            [None, 12],
+            [(0, None), (1, None), (2, 24)],
+            [1, 2],
+            [None, 1],
+            ["bias", "none"],
+        )
+        if every > 1 or global_kv is None  # with every layer global, global_kv is num_kv_heads' twin
+    ],
+)
+def test_the_arithmetic_count_is_the_built_models(
+    tie, qk, head_dim, shared, shared_width, global_every, global_kv, balancing
+):
+    # Planning counts by arithmetic (no JAX); the count read from the shapes the model is built
+    # with (jax.eval_shape of its init) is the truth it must equal, field by field.
+    model = dataclasses.replace(
+        SPEC,
+        tie_embeddings=tie,
+        qk_norm=qk,
+        head_dim=head_dim,
+        num_shared_experts=shared,
+        shared_expert_intermediate_dim=shared_width,
+        global_every=global_every,
+        num_global_kv_heads=global_kv,
+        balancing=balancing,
+    )
+    assert parameter_counts(model, 101) == counted_parameters(model, 101)
 
 
 def test_an_export_loads_back_with_the_same_logits(tmp_path):
