@@ -21,8 +21,11 @@ devices.
     tiny_moe          experiments/tiny_moe.py itself, its training a gang of two
                       (DRYDOCK_TINY_HOSTS=2), with an evaluate and a task_eval following it
     gang_exp          a 30-step training of the tiny model for the failure tests (a killed host, a
-                      NaN on one host, a hung host), a 2x2-device mesh across processes, and the
-                      other model families
+                      NaN on one host, a hung host) and the other model families. The killed host's
+                      gang is tensor-parallel across the processes and the hung host's gang splits
+                      its experts over both: each run checks its failure, that the mesh was applied,
+                      and that the retried gang resumed exactly (the losses of the data-parallel
+                      reference), one gang start for two claims
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ HANG = os.environ.get("GANG_HANG")  # a marker file: process 1 hangs at step 12,
 if HANG:
     train = Step("train/gang", hanging_train,
                  HangingTrainConfig(train.config, process=1, step=12, marker=HANG),
-                 resources=Resources(cpus=1, hosts=HOSTS, hang_timeout=20))
+                 resources=Resources(cpus=1, hosts=HOSTS, hang_timeout=20, env=ENV))
 if __name__ == "__main__":
     executor_main([train])
 """
@@ -313,11 +316,13 @@ def log_text(train: Path) -> str:
 def test_a_killed_host_retries_the_whole_gang_from_its_checkpoint(
     cluster, experiment, data_prefix, reference, tmp_path
 ):
+    # Tensor-parallel across the two processes (see `mesh_applied`): the checkpoint the retry
+    # restores is sharded over both hosts' devices.
     prefix = fresh_prefix(tmp_path, data_prefix)
     command = ["run", str(experiment), "--prefix", str(prefix), "--ray_address", cluster]
     proc = subprocess.Popen(
         [sys.executable, "-m", "pipeline", *command],
-        env=gang_env(),
+        env=gang_env(GANG_MESH="tensor", GANG_XLA_FLAGS=TWO_DEVICES),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -342,6 +347,7 @@ def test_a_killed_host_retries_the_whole_gang_from_its_checkpoint(
     each_step_once(train)
     close(losses(train), losses(reference), sorted(losses(reference)))
     assert "resuming from the checkpoint at step" in log_text(train)
+    mesh_applied(train, "tensor")
 
 
 def training_workers() -> list[int]:
@@ -381,18 +387,10 @@ def test_a_nan_on_one_hosts_data_rewinds_both_hosts(cluster, experiment, data_pr
         )
 
 
-@pytest.mark.parametrize("layout", ["tensor", "expert"])
-def test_tensor_and_expert_axes_across_two_processes_train_the_same_model_as_data_parallel(
-    cluster, experiment, data_prefix, reference, tmp_path, layout
-):
-    # Two processes with two host-platform devices each: tensor 2 x expert 2 (the tensor axis across
-    # the processes, the expert axis within each) or expert 4 (the experts over both processes).
-    prefix = fresh_prefix(tmp_path, data_prefix)
-    env = gang_env(GANG_MESH=layout, GANG_XLA_FLAGS=TWO_DEVICES)
-    result = drydock(experiment, prefix, "--ray_address", cluster, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    train = train_dir(prefix)
-    close(losses(train), losses(reference), sorted(losses(reference)))
+def mesh_applied(train: Path, layout: str) -> None:
+    """The training ran on `layout` (LAYOUTS in the experiment), two host-platform devices in each
+    of two processes: tensor 2 x expert 2 (the tensor axis across the processes, the expert axis
+    within each) or expert 4 (the experts over both processes)."""
     # The losses alone cannot tell whether the mesh was applied (data parallelism gives the same):
     # the shardings the training's parameters had can.
     layout_used = json.loads((train / "layout.json").read_text())
@@ -453,16 +451,16 @@ def test_every_family_trains_as_a_gang_with_its_defaults(cluster, experiment, da
 
 
 def test_a_host_that_never_enters_the_collective_is_found_its_stacks_saved_and_the_gang_retried(
-    cluster, experiment, data_prefix, tmp_path, webhook
+    cluster, experiment, data_prefix, reference, tmp_path, webhook
 ):
     # Issue 31, part 1: process 1 stops at step 12's loss instead of entering the gang's collective;
     # process 0 waits in it. Neither crashes, their leases are renewed: only the watchdog sees it.
+    # The gang splits its experts over both processes (see `mesh_applied`).
     prefix = fresh_prefix(tmp_path, data_prefix)
     marker = tmp_path / "hung-once"
     url, received = webhook
-    result = drydock(
-        experiment, prefix, "--ray_address", cluster, "--notify", url, env=gang_env(GANG_HANG=str(marker))
-    )
+    env = gang_env(GANG_HANG=str(marker), GANG_MESH="expert", GANG_XLA_FLAGS=TWO_DEVICES)
+    result = drydock(experiment, prefix, "--ray_address", cluster, "--notify", url, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert marker.exists()
     train = train_dir(prefix)
@@ -486,6 +484,8 @@ def test_a_host_that_never_enters_the_collective_is_found_its_stacks_saved_and_t
     outcome = json.loads((train / "train_result.json").read_text())
     assert outcome["final_step"] == STEPS - 1 and outcome["resumed_from_step"] == 10
     each_step_once(train)
+    close(losses(train), losses(reference), sorted(losses(reference)))
+    mesh_applied(train, "expert")
     kinds = [m["body"]["drydock"]["kind"] for m in received]
     assert kinds == ["hung", "finished"], received
     assert "host 1 is in _stuck" in received[0]["body"]["text"]

@@ -559,52 +559,6 @@ def _run_until_a_checkpoint(
 
 
 @pytest.mark.slow
-def test_an_experiment_on_s3_trains_resumes_after_a_kill_and_evaluates(s3_env, tmp_path):
-    steps = 30
-    prefix = f"s3://{BUCKET}/run-{uuid.uuid4().hex[:12]}"
-    exp = tmp_path / "exp.py"
-    text = EXPERIMENT.format(root=str(ROOT), model=dict(QWEN), optimizer=dict(name="adamw"), steps=steps)
-    # Never upload by the clock here: what survives the kill was published at the checkpoint.
-    text = text.replace("router_stats_interval=5)", "router_stats_interval=5, metrics_upload_seconds=3600)")
-    assert "metrics_upload_seconds=3600" in text
-    exp.write_text(text)
-    cwd, scratch = tmp_path / "cwd", tmp_path / "scratch"
-    cwd.mkdir()
-    env = {**os.environ, **s3_env, "PYTHONPATH": str(ROOT), "DRYDOCK_SCRATCH": str(scratch)}
-    env["RAY_AUTH_MODE"] = "disabled"
-    command = tiny_command(exp, prefix)
-
-    proc, _, _ = _run_until_a_checkpoint(command, env, cwd, prefix)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(30)
-    (train,) = [p for p in glob(f"{prefix}/train/test-*") if not p.endswith(".json")]
-    assert not exists(f"{train}/train_result.json")
-    assert read_metrics(f"{train}/metrics.jsonl"), "nothing published before the checkpoint"
-
-    rerun = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=900)
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
-
-    outcome = json.loads(cat(f"{train}/train_result.json"))
-    assert outcome["resumed_from_step"] >= 10 and outcome["final_step"] == steps - 1
-    assert outcome["final_checkpoint"] == f"{train}/checkpoints/step-{steps - 1}"
-    records = read_metrics(f"{train}/metrics.jsonl")
-    assert [r["step"] for r in records if "loss" in r] == list(range(2, steps))  # each step once
-    assert any("router_max_load_ratio" in r for r in records)
-    for name in ("levanter_model.json", "summary.json", f"hf/step-{steps - 1}/config.json"):
-        assert exists(f"{train}/{name}"), name
-    assert glob(f"{train}/logs/*"), "Levanter's log was not uploaded"
-    (evaluation,) = [p for p in glob(f"{prefix}/evaluate/test-*") if not p.endswith(".json")]
-    results = json.loads(cat(f"{evaluation}/results.json"))
-    assert results["checkpoint_step"] == steps - 1
-    assert set(results["validation_sets"]) == {"prose", "arithmetic"}
-    assert exists(f"{evaluation}/loss.png")
-    # Nothing landed on local disk (no "s3:" directory); of the scratch copies, only the killed
-    # attempt's is left.
-    assert list(cwd.iterdir()) == []
-    assert len(list(scratch.iterdir())) == 1
-
-
-@pytest.mark.slow
 def test_a_training_runner_paused_past_its_lease_changes_no_byte_of_the_new_owners_output(s3_env, tmp_path):
     """SIGSTOP a runner after its first checkpoint, let a second take the step over and finish,
     then SIGCONT the first: its training resumes where it stopped, and every upload and checkpoint
@@ -772,32 +726,53 @@ def test_a_storage_outage_longer_than_the_lease_ends_the_attempt_and_the_runner_
 def test_a_ray_run_on_an_object_store_with_a_follower_is_killed_and_resumed(s3_env, tmp_path):
     """Issue 31, part 4: the configuration of a real cluster run, on this machine: the Ray backend
     (a private instance of two CPUs), a prefix on object storage (moto), a training and a follower
-    evaluating its checkpoints as they land. The runner is killed after a checkpoint; the rerun
-    resumes both, and every checkpoint is evaluated once."""
+    evaluating its checkpoints as they land. The runner is killed after a checkpoint (what it had
+    published by then survives); the rerun resumes both, every checkpoint is evaluated once, and
+    nothing lands on local disk but the killed attempt's scratch copy."""
     steps = 30
     prefix = f"s3://{BUCKET}/ray-{uuid.uuid4().hex[:12]}"
     exp = tmp_path / "exp.py"
     text = EXPERIMENT.format(root=str(ROOT), model=dict(QWEN), optimizer=dict(name="adamw"), steps=steps)
     # The evaluation follows the training: it runs beside it, evaluating each checkpoint that lands.
     text = text.replace("max_batches=4)", "max_batches=4, follow=True)")
-    assert "follow=True" in text
+    # Never upload by the clock here: what survives the kill was published at the checkpoint.
+    text = text.replace("router_stats_interval=5)", "router_stats_interval=5, metrics_upload_seconds=3600)")
+    assert "follow=True" in text and "metrics_upload_seconds=3600" in text
     exp.write_text(text)
-    env = {**os.environ, **s3_env, "PYTHONPATH": str(ROOT), "DRYDOCK_SCRATCH": str(tmp_path / "scratch")}
+    cwd, scratch = tmp_path / "cwd", tmp_path / "scratch"
+    cwd.mkdir()
+    env = {**os.environ, **s3_env, "PYTHONPATH": str(ROOT), "DRYDOCK_SCRATCH": str(scratch)}
     env["RAY_AUTH_MODE"] = "disabled"
     seed(prefix)
     command = [sys.executable, "-m", "pipeline", "run", str(exp), "--prefix", prefix, "--ray.num_cpus", "2"]
-    proc, _, _ = _run_until_a_checkpoint(command, env, tmp_path, prefix)
+    proc, _, _ = _run_until_a_checkpoint(command, env, cwd, prefix)
     proc.send_signal(signal.SIGKILL)  # the runner; its private Ray instance goes with it
     proc.wait(30)
-    rerun = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
     (train,) = [p for p in glob(f"{prefix}/train/test-*") if not p.endswith(".json")]
+    assert not exists(f"{train}/train_result.json")
+    assert read_metrics(f"{train}/metrics.jsonl"), "nothing published before the checkpoint"
+
+    rerun = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=900)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
     outcome = json.loads(cat(f"{train}/train_result.json"))
     assert outcome["resumed_from_step"] >= 10 and outcome["final_step"] == steps - 1
+    assert outcome["final_checkpoint"] == f"{train}/checkpoints/step-{steps - 1}"
     records = read_metrics(f"{train}/metrics.jsonl")
     assert [r["step"] for r in records if "loss" in r] == list(range(2, steps))  # each step once
+    assert any("router_max_load_ratio" in r for r in records)
+    for name in ("levanter_model.json", "summary.json", f"hf/step-{steps - 1}/config.json"):
+        assert exists(f"{train}/{name}"), name
+    assert glob(f"{train}/logs/*"), "Levanter's log was not uploaded"
     (evaluation,) = [p for p in glob(f"{prefix}/evaluate/test-*") if not p.endswith(".json")]
     evaluated = sorted(
         int(p.rsplit("step-", 1)[1].removesuffix(".json")) for p in glob(f"{evaluation}/results/step-*.json")
     )
     assert evaluated == [10, 20, steps - 1]
+    results = json.loads(cat(f"{evaluation}/results.json"))
+    assert results["checkpoint_step"] == steps - 1
+    assert set(results["validation_sets"]) == {"prose", "arithmetic"}
+    assert exists(f"{evaluation}/loss.png")
+    # Nothing landed on local disk (no "s3:" directory); of the scratch copies, only the killed
+    # attempt's is left.
+    assert list(cwd.iterdir()) == []
+    assert len(list(scratch.iterdir())) == 1
