@@ -92,6 +92,38 @@ def test_the_plan_lists_every_step_with_parameters_tokens_and_steps(tmp_path):
     assert not tmp_path.joinpath("tokenized").exists()  # planning writes nothing
 
 
+PLAN_IMPORTS = """
+import json, runpy, sys
+out, prefix = sys.argv[1:3]
+sys.argv = ["drydock", "plan", "experiments/moe_535b_a23b.py", "--prefix", prefix, "--json"]
+try:
+    runpy.run_module("pipeline", run_name="__main__")
+except SystemExit:
+    pass
+heavy = sorted({m.split(".")[0] for m in sys.modules} & {"jax", "jaxlib", "levanter", "haliax", "equinox"})
+with open(out, "w") as f:
+    json.dump(heavy, f)
+"""
+
+
+def test_planning_it_imports_no_ml_library(tmp_path):
+    # A plan counts every training's parameters (drydock_moe's by arithmetic): importing JAX and
+    # Levanter for it took 11 of a hero plan's 12 s.
+    out = tmp_path / "imported.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", PLAN_IMPORTS, str(out), str(tmp_path / "prefix")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert '"train/moe-535b-a23b"' in result.stdout  # the plan was made
+    assert json.loads(out.read_text()) == []
+
+
 def test_its_recipe_rebuilds_from_a_manifest_with_the_same_identities():
     import experiments.moe_535b_a23b as recipe_file
     from pipeline.core.dag import build_dag
