@@ -11,24 +11,13 @@ from steps.models.config import MoeModelConfig
 
 
 def counted(model: MoeModelConfig, vocab_size: int, *, qk_norm: bool) -> tuple[int, int]:
-    """(total, active) of a Levanter MoE: attention (with QK norm's two weights when `qk_norm`),
-    router, experts of three matrices, one dense shared expert if any, two norms a layer."""
-    d, layers = model.hidden_dim, model.num_layers
-    h, kv, hd = model.num_heads, model.num_kv_heads, model.actual_head_dim
-    experts, k, m = model.num_experts, model.num_experts_per_token, model.expert_intermediate_dim
-    norm = d  # RMSNorm weight
-    attention = d * hd * (h + 2 * kv) + h * hd * d  # q, k, v, o
-    if qk_norm:
-        attention += 2 * hd
-    router = d * experts
-    expert = 3 * d * m  # gate, up, down
-    shared = 3 * d * m if model.num_shared_experts else 0
-    layer = attention + router + experts * expert + shared + 2 * norm
-    embed = vocab_size * d
-    head = 0 if model.tie_embeddings else vocab_size * d
-    total = layers * layer + norm + embed + head
-    active = total - layers * (experts - k) * expert
-    return total, active
+    """(total, active) of a Levanter MoE: every layer with the model's KV heads (and QK norm's two
+    weights when `qk_norm`), no router bias, one dense shared expert if any (`_counted`)."""
+    shared_width = model.expert_intermediate_dim if model.num_shared_experts else 0
+    kv_heads = [model.num_kv_heads] * model.num_layers
+    return _counted(
+        model, vocab_size, qk_norm=qk_norm, kv_heads=kv_heads, shared_width=shared_width, router_bias=False
+    )
 
 
 def counted_drydock(model: MoeModelConfig, vocab_size: int) -> tuple[int, int]:
@@ -37,25 +26,49 @@ def counted_drydock(model: MoeModelConfig, vocab_size: int) -> tuple[int, int]:
     dense MLP), and a per-expert router bias under `bias` balancing. Arithmetic: building the
     model's shapes to count them imported JAX and Levanter into every plan of such a model (11 s
     of the hero's `drydock plan`, which takes 1 s without)."""
-    d, layers = model.hidden_dim, model.num_layers
+    global_kv = model.num_global_kv_heads or model.num_kv_heads
+    kv_heads = [
+        global_kv if (layer + 1) % model.global_every == 0 else model.num_kv_heads
+        for layer in range(model.num_layers)
+    ]
+    shared_width = (
+        model.shared_expert_intermediate_dim or model.expert_intermediate_dim
+    ) * model.num_shared_experts
+    return _counted(
+        model,
+        vocab_size,
+        qk_norm=model.qk_norm,
+        kv_heads=kv_heads,
+        shared_width=shared_width,
+        router_bias=model.balancing == "bias",
+    )
+
+
+def _counted(
+    model: MoeModelConfig,
+    vocab_size: int,
+    *,
+    qk_norm: bool,
+    kv_heads: list[int],
+    shared_width: int,
+    router_bias: bool,
+) -> tuple[int, int]:
+    """(total, active): per layer, attention with that layer's KV heads (q, k, v, o, and QK norm's
+    two weights when `qk_norm`), the router (and its per-expert bias), routed experts of three
+    matrices, the shared experts as one dense MLP `shared_width` wide, two norms; then the final
+    norm, the embeddings and the head unless tied. Active leaves out the routed experts a token is
+    not sent to."""
+    d = model.hidden_dim
     h, hd = model.num_heads, model.actual_head_dim
     experts, k, m = model.num_experts, model.num_experts_per_token, model.expert_intermediate_dim
-    shared_width = (model.shared_expert_intermediate_dim or m) * model.num_shared_experts
-
-    def attention(kv: int) -> int:
-        return d * hd * (h + 2 * kv) + h * hd * d + (2 * hd if model.qk_norm else 0)
-
-    moe = d * experts + experts * 3 * d * m + 3 * d * shared_width
-    moe += experts if model.balancing == "bias" else 0
-    global_layers = layers // model.global_every
-    global_kv = model.num_global_kv_heads or model.num_kv_heads
-    attentions = (layers - global_layers) * attention(model.num_kv_heads) + global_layers * attention(
-        global_kv
-    )
+    expert = 3 * d * m  # gate, up, down
+    attention = sum(d * hd * (h + 2 * kv) + h * hd * d + (2 * hd if qk_norm else 0) for kv in kv_heads)
+    moe = d * experts + (experts if router_bias else 0) + experts * expert + 3 * d * shared_width
+    layers = len(kv_heads)
     embed = vocab_size * d
     head = 0 if model.tie_embeddings else vocab_size * d
-    total = attentions + layers * (moe + 2 * d) + d + embed + head
-    return total, total - layers * (experts - k) * 3 * d * m
+    total = attention + layers * (moe + 2 * d) + d + embed + head  # 2 RMSNorm weights a layer, 1 final
+    return total, total - layers * (experts - k) * expert
 
 
 def common_fields(model: MoeModelConfig, seq_len: int, tokenizer: str | None) -> dict[str, Any]:
